@@ -1,0 +1,174 @@
+"""Settings shared by every environment. Everything that differs between machines comes
+from the environment (12-factor): DATABASE_URL, REDIS_URL, SECRET_KEY, ALLOWED_HOSTS, DEBUG."""
+import os
+from pathlib import Path
+
+import dj_database_url
+from django.core.exceptions import ImproperlyConfigured
+
+BASE_DIR = Path(__file__).resolve().parent.parent.parent
+VAR_DIR = Path(os.environ.get("FABRICPOOL_VAR_DIR", BASE_DIR / "var"))
+
+
+def env_bool(name, default=False):
+    value = os.environ.get(name)
+    if value is None:
+        return default
+    return value.strip().lower() in {"1", "true", "yes", "on"}
+
+
+def env_list(name, default=""):
+    return [item.strip() for item in os.environ.get(name, default).split(",") if item.strip()]
+
+
+def env_float(name, default):
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return float(raw)
+    except ValueError as exc:
+        raise ImproperlyConfigured(f"{name} must be a number, got {raw!r}") from exc
+
+
+DEBUG = env_bool("DEBUG", False)
+ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", "localhost,127.0.0.1,[::1]")
+CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS")
+
+INSTALLED_APPS = [
+    "daphne",
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "channels",
+    "rest_framework",
+    "django_celery_beat",
+    "core",
+    "fabric",
+    "pool",
+    "scheduler",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.auth.middleware.LoginRequiredMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "config.urls"
+ASGI_APPLICATION = "config.asgi.application"
+WSGI_APPLICATION = None
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+                "core.context_processors.navigation",
+            ],
+        },
+    },
+]
+
+
+def database_from_env():
+    """DATABASE_URL, or a SQLite file under var/ in WAL mode with a busy timeout so that the
+    web server, the Celery worker and beat can share it."""
+    url = os.environ.get("DATABASE_URL")
+    if url:
+        config = dj_database_url.parse(url, conn_max_age=60, conn_health_checks=True)
+    else:
+        VAR_DIR.mkdir(parents=True, exist_ok=True)
+        config = {"ENGINE": "django.db.backends.sqlite3", "NAME": str(VAR_DIR / "fabricpool.sqlite3")}
+    if config["ENGINE"].endswith("sqlite3"):
+        config.setdefault("OPTIONS", {}).update(
+            {
+                "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+                "transaction_mode": "IMMEDIATE",
+                "timeout": 20,
+            }
+        )
+    return config
+
+
+DATABASES = {"default": database_from_env()}
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
+
+CHANNEL_LAYERS = {
+    "default": {
+        "BACKEND": "channels_redis.core.RedisChannelLayer",
+        "CONFIG": {"hosts": [REDIS_URL], "capacity": 1000, "expiry": 30},
+    }
+}
+
+CELERY_BROKER_URL = os.environ.get("CELERY_BROKER_URL", REDIS_URL)
+CELERY_RESULT_BACKEND = None
+CELERY_TASK_ACKS_LATE = True
+CELERY_TASK_REJECT_ON_WORKER_LOST = True
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+CELERY_BEAT_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"
+CELERY_TIMEZONE = "UTC"
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+    {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
+]
+
+LOGIN_URL = "login"
+LOGIN_REDIRECT_URL = "dashboard:overview"
+LOGOUT_REDIRECT_URL = "login"
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATICFILES_DIRS = [BASE_DIR / "static"]
+STATIC_ROOT = VAR_DIR / "staticfiles"
+
+REST_FRAMEWORK = {
+    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "DEFAULT_AUTHENTICATION_CLASSES": ["rest_framework.authentication.SessionAuthentication"],
+}
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": os.environ.get("LOG_LEVEL", "INFO")},
+}
+
+# --- fabric -------------------------------------------------------------------------------
+# The discovery command runs on a host with an HCA; its output is imported as a diff.
+IB_DISCOVER_COMMAND = os.environ.get("IB_DISCOVER_COMMAND", "ibnetdiscover")
+IB_DISCOVER_TIMEOUT = env_float("IB_DISCOVER_TIMEOUT", 120.0)
+IB_FABRIC_NAME = os.environ.get("IB_FABRIC_NAME", "default")
+IB_PERFQUERY_COMMAND = os.environ.get("IB_PERFQUERY_COMMAND", "perfquery")
+IB_LINKINFO_COMMAND = os.environ.get("IB_LINKINFO_COMMAND", "iblinkinfo")
+IB_COUNTERS_TIMEOUT = env_float("IB_COUNTERS_TIMEOUT", 60.0)
+# A link turns degraded when any error counter grows faster than this many per hour
+# (rdma-core's ibqueryerrors thresholds are absolute counts; a rate survives counter resets).
+IB_ERROR_RATE_PER_HOUR = env_float("IB_ERROR_RATE_PER_HOUR", 10.0)
+
+# The ASGI app serves /static/ itself unless a web server in front does it.
+SERVE_STATIC = env_bool("SERVE_STATIC", True)

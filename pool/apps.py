@@ -1,0 +1,6 @@
+from django.apps import AppConfig
+
+
+class PoolConfig(AppConfig):
+    name = "pool"
+    verbose_name = "Pool"

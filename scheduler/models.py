@@ -1,0 +1,1 @@
+# The scheduler's models (tenants, jobs, placements, cycles) arrive with the scheduler issue.
