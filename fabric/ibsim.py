@@ -76,7 +76,7 @@ class SimulatedFabric:
 
     def _ready(self) -> bool:
         text = (self.dir / "ibsim.log").read_bytes()
-        return b"Net file" in text or b"listen" in text.lower()
+        return b"simulator ready" in text
 
     def stop(self):
         if self.proc and self.proc.poll() is None:
