@@ -1,13 +1,22 @@
+from django.db.models import Count
 from django.shortcuts import render
 
-from fabric.models import ChannelAdapter, Fabric, Link, Switch
+from fabric.models import Fabric
+from fabric.views import STATES, TIER_ORDER, fabric_counts
+from pool.models import Gpu, Host
 
 
 def overview(request):
+    """Counts per fabric and for the pool; every number links to the list behind it."""
+    counts = fabric_counts()
+    fabrics = [{"fabric": fabric, "counts": counts[fabric.pk]} for fabric in Fabric.objects.all()]
+    host_states = dict(Host.objects.values_list("state").annotate(n=Count("id")).order_by())
     context = {
-        "fabrics": Fabric.objects.count(),
-        "switches": Switch.objects.filter(present=True).count(),
-        "adapters": ChannelAdapter.objects.filter(present=True).count(),
-        "links_not_up": Link.objects.exclude(state=Link.State.UP).count(),
+        "fabrics": fabrics,
+        "tiers": TIER_ORDER,
+        "states": STATES,
+        "hosts_total": sum(host_states.values()),
+        "host_states": [(state, label, host_states.get(state, 0)) for state, label in Host.State.choices],
+        "gpus_total": Gpu.objects.count(),
     }
     return render(request, "core/overview.html", context)

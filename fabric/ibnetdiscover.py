@@ -355,9 +355,11 @@ def _add_port_line(topo: Topology, node: Node, m: re.Match, number: int, seen_en
     key = (near, far) if near <= far else (far, near)
     existing = links_by_key.get(key)
     if existing is not None:
-        # The other end's block lists the same cable again; take what is missing from it.
-        existing.width = existing.width or width
-        existing.speed = existing.speed or speed
+        # The other end's block lists the same cable again. Each end prints its own active
+        # width and speed; when they disagree, the cable runs at the slower of the two.
+        if existing.gbps is None or (link_gbps(width, speed) or existing.gbps) < existing.gbps:
+            existing.width = width or existing.width
+            existing.speed = speed or existing.speed
         return
     for end, other in ((near, far), (far, near)):
         if end in seen_ends and seen_ends[end][0] != other:

@@ -100,7 +100,7 @@ def import_topology(topo: ibd.Topology, fabric_name: str, source_name: str = "")
 
         switches = _sync_nodes(fabric, topo, Switch, SWITCH_FIELDS, "switch", tiers, now, result, events)
         adapters = _sync_nodes(fabric, topo, ChannelAdapter, ADAPTER_FIELDS, "adapter", tiers, now, result, events)
-        ports = _sync_ports(fabric, topo, switches, adapters)
+        ports = _sync_ports(fabric, topo, switches, adapters, now, result, events)
         _sync_links(fabric, topo, ports, now, result, events)
 
         for warning in topo.warnings:
@@ -113,6 +113,8 @@ def import_topology(topo: ibd.Topology, fabric_name: str, source_name: str = "")
                                       message=f"first import: {result.switches} switches, {result.adapters} adapters, {result.links} links",
                                       data={"source": source_name}))
         FabricEvent.objects.bulk_create(events, batch_size=1000)
+        if not first:
+            result.messages = [e.message for e in events if e.kind != FabricEvent.Kind.IMPORT_WARNING]
 
         fabric.last_import_at = now
         fabric.last_import_source = source_name[:300]
@@ -171,8 +173,10 @@ def _sync_nodes(fabric, topo, model, fields, noun, tiers, now, result, events):
     return ids
 
 
-def _sync_ports(fabric, topo, switch_ids, adapter_ids):
-    """Returns {(node guid, port number): port id} for every port the file mentions."""
+def _sync_ports(fabric, topo, switch_ids, adapter_ids, now, result, events):
+    """Returns {(node guid, port number): port id} for every port the file mentions.
+    A switch's LID lives on the switch row (its event comes from _sync_nodes); an adapter
+    port's LID or GUID change is an `adapter_changed` event."""
     rows = Port.objects.filter(fabric=fabric).values_list("id", "switch__guid", "adapter__guid", "number", "guid", "lid")
     existing = {}
     for pid, sw_guid, ad_guid, number, pguid, lid in rows:
@@ -193,6 +197,17 @@ def _sync_ports(fabric, topo, switch_ids, adapter_ids):
             ids[(guid, number)] = pid
             if (old_guid, old_lid) != (pguid, port.lid):
                 to_update.append(Port(pk=pid, guid=pguid, lid=port.lid))
+                if node.kind != ibd.SWITCH:
+                    result.changes["adapter_changed"] += 1
+                    what = []
+                    if old_lid != port.lid:
+                        what.append(f"LID {old_lid} → {port.lid}")
+                    if old_guid != pguid:
+                        what.append(f"port GUID 0x{old_guid} → 0x{pguid}")
+                    events.append(FabricEvent(fabric=fabric, created_at=now, kind=FabricEvent.Kind.ADAPTER_CHANGED,
+                                              adapter_id=adapter_ids[guid],
+                                              message=f"adapter {node.description.strip()} port {number}: {', '.join(what)}",
+                                              data={"port": number, "lid": [old_lid, port.lid], "guid": [old_guid, pguid]}))
     Port.objects.bulk_create([p for _, p in to_create], batch_size=1000)
     ids.update({key: p.pk for key, p in to_create})
     if to_update:

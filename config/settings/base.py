@@ -172,3 +172,10 @@ IB_ERROR_RATE_PER_HOUR = env_float("IB_ERROR_RATE_PER_HOUR", 10.0)
 
 # The ASGI app serves /static/ itself unless a web server in front does it.
 SERVE_STATIC = env_bool("SERVE_STATIC", True)
+
+# plotly.js is served from the installed plotly package (core/staticfinders.py), never a CDN.
+STATICFILES_FINDERS = [
+    "django.contrib.staticfiles.finders.FileSystemFinder",
+    "django.contrib.staticfiles.finders.AppDirectoriesFinder",
+    "core.staticfinders.PlotlyFinder",
+]

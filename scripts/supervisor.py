@@ -1,0 +1,127 @@
+"""A small foreground process supervisor (standard library only), in the spirit of foreman
+and honcho: start several long-running programs, prefix each output line with the
+program's name, stop them all on one Ctrl-C, and stop them all when any one of them dies.
+
+Each child runs in its own session (process group). The terminal's Ctrl-C therefore
+reaches only the supervisor, which forwards the signal to every group, so a child's own
+children (Celery's pool processes) are signalled too and shutdown happens in one place.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Program:
+    name: str
+    argv: list[str]
+    env: dict[str, str] = field(default_factory=dict)  # added to the supervisor's environment
+
+
+class Supervisor:
+    def __init__(self, programs: list[Program], *, cwd=None, env=None, grace: float = 15.0, out=None):
+        self.programs = programs
+        self.cwd = cwd
+        self.env = dict(os.environ if env is None else env)
+        self.grace = grace
+        self.out = out or sys.stdout
+        self.width = max((len(p.name) for p in programs), default=0)
+        self.lock = threading.Lock()
+        self.running: list[tuple[Program, subprocess.Popen]] = []
+        self.readers: list[threading.Thread] = []
+        self.signals: list[int] = []
+
+    def say(self, name: str, text: str) -> None:
+        with self.lock:
+            self.out.write(f"{name:<{self.width}} | {text}\n")
+            self.out.flush()
+
+    def _pump(self, name: str, stream) -> None:
+        for raw in iter(stream.readline, b""):
+            self.say(name, raw.decode("utf-8", "replace").rstrip("\r\n"))
+        stream.close()
+
+    def _on_signal(self, signum, frame) -> None:
+        self.signals.append(signum)
+
+    def _start(self, program: Program) -> None:
+        proc = subprocess.Popen(
+            program.argv,
+            cwd=self.cwd,
+            env=self.env | program.env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        self.running.append((program, proc))
+        reader = threading.Thread(target=self._pump, args=(program.name, proc.stdout), daemon=True)
+        reader.start()
+        self.readers.append(reader)
+        self.say(program.name, f"started (pid {proc.pid}): {' '.join(program.argv)}")
+
+    def _signal_all(self, signum: int) -> None:
+        for _, proc in self.running:
+            if proc.poll() is None:
+                try:
+                    os.killpg(proc.pid, signum)
+                except ProcessLookupError:
+                    pass
+
+    def _stop_all(self, signum: int) -> None:
+        """Forward `signum`, wait up to `grace` seconds, then kill what is left. A second
+        Ctrl-C while waiting kills at once."""
+        self._signal_all(signum)
+        seen = len(self.signals)
+        deadline = time.monotonic() + self.grace
+        while any(proc.poll() is None for _, proc in self.running):
+            if time.monotonic() > deadline or len(self.signals) > seen:
+                for program, proc in self.running:
+                    if proc.poll() is None:
+                        self.say("supervisor", f"{program.name} did not stop; killing it")
+                self._signal_all(signal.SIGKILL)
+                break
+            time.sleep(0.1)
+        for _, proc in self.running:
+            proc.wait()
+        for reader in self.readers:
+            reader.join(timeout=2)
+        for program, proc in self.running:
+            self.say("supervisor", f"{program.name} exited with code {proc.returncode}")
+
+    def run(self) -> int:
+        """Run until a signal (exit 0) or until a program exits on its own (exit 1)."""
+        previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+        self.width = max(self.width, len("supervisor"))
+        reason = None
+        try:
+            for program in self.programs:
+                try:
+                    self._start(program)
+                except OSError as exc:
+                    reason = f"cannot start {program.name}: {exc}"
+                    break
+            while reason is None and not self.signals:
+                for program, proc in self.running:
+                    if proc.poll() is not None:
+                        reason = f"{program.name} exited with code {proc.returncode}"
+                        break
+                else:
+                    time.sleep(0.2)
+            if reason:
+                self.say("supervisor", f"{reason}; stopping the others")
+                self._stop_all(signal.SIGTERM)
+                self.say("supervisor", f"failed: {reason}")
+                return 1
+            self.say("supervisor", f"got {signal.Signals(self.signals[0]).name}; stopping all")
+            self._stop_all(self.signals[0])
+            return 0
+        finally:
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
