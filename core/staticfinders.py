@@ -38,9 +38,9 @@ class PlotlyFinder(BaseFinder):
 
     def find(self, path, find_all=False, **kwargs):
         found = plotly_js_path() if path == PLOTLY_STATIC_PATH else None
-        if find_all:
-            return [str(found)] if found else []
-        return str(found) if found else None
+        if found is None:
+            return []  # what Django's own finders answer for "not here"
+        return [str(found)] if find_all else str(found)
 
     def list(self, ignore_patterns):
         found = plotly_js_path()

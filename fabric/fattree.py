@@ -38,6 +38,8 @@ SWITCH_DEVICE_ID = 0xD2F2  # Quantum-2 (QM9700)
 CA_DEVICE_ID = 0x1021  # ConnectX-7
 MAX_PORTS = 255  # the most a topology file (and the parser) allows
 MAX_UNICAST_LID = 0xBFFF
+MAX_HCAS_PER_HOST = 64  # the GUID keeps 8 bits for the rail (node and port GUID per HCA)
+MAX_GPUS_PER_HOST = 1024
 DEFAULT_GPU_MODEL = "NVIDIA H100 80GB HBM3"
 DEFAULT_GPU_MEMORY_MIB = 81559  # what nvidia-smi reports for an H100 80GB
 
@@ -57,7 +59,7 @@ IBSIM_WIDTH_FLAGS = {"1x": 1, "4x": 2, "8x": 4, "12x": 8, "2x": 16}
 
 
 @dataclass(frozen=True)
-class Host:
+class SyntheticHost:
     name: str
     devices: tuple[str, ...]  # mlx5_0, mlx5_1, ... one per HCA (rail)
     adapter_guids: tuple[int, ...]
@@ -76,7 +78,7 @@ class FatTree:
     cores: int
     speed: str
     width: str
-    hosts: list[Host] = field(default_factory=list)
+    hosts: list[SyntheticHost] = field(default_factory=list)
 
     @property
     def tiers(self) -> int:
@@ -92,11 +94,13 @@ class FatTree:
         )
 
 
-def _positive(name: str, value, minimum: int = 1) -> int:
+def _positive(name: str, value, minimum: int = 1, maximum: int | None = None) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise ValueError(f"{name} must be a whole number, got {value!r}")
     if value < minimum:
         raise ValueError(f"{name} must be at least {minimum}, got {value}")
+    if maximum is not None and value > maximum:
+        raise ValueError(f"{name} must be at most {maximum}, got {value}")
     return value
 
 
@@ -133,8 +137,8 @@ def build(
     S = _positive("spines", spines)
     L = _positive("leaves", leaves)
     H = _positive("hosts_per_leaf", hosts_per_leaf)
-    G = _positive("gpus_per_host", gpus_per_host)
-    R = _positive("hcas_per_host", hcas_per_host)
+    G = _positive("gpus_per_host", gpus_per_host, maximum=MAX_GPUS_PER_HOST)
+    R = _positive("hcas_per_host", hcas_per_host, maximum=MAX_HCAS_PER_HOST)
     P = _positive("pods", pods, minimum=0)
     speed, width = normalise_speed(speed), normalise_width(width)
     if L % R:
@@ -200,7 +204,7 @@ def build(
             devices.append(device)
             guids.append(g)
             host_leaves.append(leaf.description)
-        hosts.append(Host(name, tuple(devices), tuple(guids), tuple(host_leaves)))
+        hosts.append(SyntheticHost(name, tuple(devices), tuple(guids), tuple(host_leaves)))
 
     def cable(x: Node, xp: int, y: Node, yp: int):
         """`x` is the end ibnetdiscover lists first (switches in creation order, then CAs)."""

@@ -1,5 +1,8 @@
 from django.shortcuts import render
 
+from .models import Gpu, Host
+
 
 def index(request):
-    return render(request, "pool/index.html", {})
+    # A placeholder until the pool pages land: real counts, no invented rows.
+    return render(request, "pool/index.html", {"hosts": Host.objects.count(), "gpus": Gpu.objects.count()})

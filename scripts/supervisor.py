@@ -3,7 +3,7 @@ and honcho: start several long-running programs, prefix each output line with th
 program's name, stop them all on one Ctrl-C, and stop them all when any one of them dies.
 
 Each child runs in its own session (process group). The terminal's Ctrl-C therefore
-reaches only the supervisor, which forwards the signal to every group, so a child's own
+reaches only the supervisor, which passes the stop on to every group, so a child's own
 children (Celery's pool processes) are signalled too and shutdown happens in one place.
 """
 from __future__ import annotations
@@ -22,6 +22,9 @@ class Program:
     name: str
     argv: list[str]
     env: dict[str, str] = field(default_factory=dict)  # added to the supervisor's environment
+    # How to ask for a clean stop, whether the supervisor got SIGINT or SIGTERM: Celery
+    # treats SIGTERM as its warm shutdown (SIGINT makes the worker exit with code 1).
+    stop_signal: int = signal.SIGTERM
 
 
 class Supervisor:
@@ -66,18 +69,19 @@ class Supervisor:
         self.readers.append(reader)
         self.say(program.name, f"started (pid {proc.pid}): {' '.join(program.argv)}")
 
-    def _signal_all(self, signum: int) -> None:
-        for _, proc in self.running:
-            if proc.poll() is None:
-                try:
-                    os.killpg(proc.pid, signum)
-                except ProcessLookupError:
-                    pass
+    def _signal_all(self, signum: int | None = None) -> None:
+        """`signum`, or each program's stop signal, to whole groups, even where the program
+        itself has exited: its children may remain."""
+        for program, proc in self.running:
+            try:
+                os.killpg(proc.pid, signum or program.stop_signal)
+            except (ProcessLookupError, PermissionError):
+                pass
 
-    def _stop_all(self, signum: int) -> None:
-        """Forward `signum`, wait up to `grace` seconds, then kill what is left. A second
-        Ctrl-C while waiting kills at once."""
-        self._signal_all(signum)
+    def _stop_all(self) -> None:
+        """Ask every program to stop, wait up to `grace` seconds, then kill what is left.
+        A second Ctrl-C while waiting kills at once."""
+        self._signal_all()
         seen = len(self.signals)
         deadline = time.monotonic() + self.grace
         while any(proc.poll() is None for _, proc in self.running):
@@ -90,6 +94,7 @@ class Supervisor:
             time.sleep(0.1)
         for _, proc in self.running:
             proc.wait()
+        self._signal_all(signal.SIGKILL)  # stragglers left behind by a program that exited
         for reader in self.readers:
             reader.join(timeout=2)
         for program, proc in self.running:
@@ -116,11 +121,11 @@ class Supervisor:
                     time.sleep(0.2)
             if reason:
                 self.say("supervisor", f"{reason}; stopping the others")
-                self._stop_all(signal.SIGTERM)
+                self._stop_all()
                 self.say("supervisor", f"failed: {reason}")
                 return 1
             self.say("supervisor", f"got {signal.Signals(self.signals[0]).name}; stopping all")
-            self._stop_all(self.signals[0])
+            self._stop_all()
             return 0
         finally:
             for signum, handler in previous.items():

@@ -179,3 +179,7 @@ STATICFILES_FINDERS = [
     "django.contrib.staticfiles.finders.AppDirectoriesFinder",
     "core.staticfinders.PlotlyFinder",
 ]
+
+# --- pool ---------------------------------------------------------------------------------
+# Where a newly discovered host's agent answers; {host} is the host name.
+AGENT_URL_TEMPLATE = os.environ.get("AGENT_URL_TEMPLATE", "http://{host}:9400")

@@ -3,6 +3,7 @@ from datetime import datetime, timezone
 
 from django import template
 from django.utils.html import format_html
+from django.utils.safestring import mark_safe
 
 register = template.Library()
 
@@ -12,7 +13,7 @@ def timestamp(value):
     """A moment as <time datetime=ISO>. The text is UTC; static/js/time.js rewrites it in
     the operator's browser time zone."""
     if not value:
-        return format_html('<span class="muted">never</span>')
+        return mark_safe('<span class="muted">never</span>')
     if isinstance(value, datetime):
         utc = value.astimezone(timezone.utc)
         return format_html('<time datetime="{}">{} UTC</time>', utc.isoformat(timespec="seconds"), utc.strftime("%Y-%m-%d %H:%M:%S"))
@@ -34,5 +35,5 @@ def nav_current(context, url_name):
     match = getattr(context.get("request"), "resolver_match", None)
     namespace = url_name.split(":", 1)[0]
     if match is not None and match.namespace == namespace:
-        return format_html('aria-current="page"')
+        return mark_safe('aria-current="page"')
     return ""
