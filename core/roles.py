@@ -47,13 +47,18 @@ def sync_roles_after_migrate(sender, using="default", **kwargs):
 
 
 def user_role(user) -> str | None:
-    """The highest role a user holds (superusers are admins)."""
+    """The highest role a user holds (superusers are admins); cached on the user object
+    for the rest of the request."""
     if not user.is_authenticated:
         return None
+    cached = getattr(user, "_fabricpool_role", False)
+    if cached is not False:
+        return cached
+    role = None
     if user.is_superuser:
-        return ADMIN
-    names = set(user.groups.values_list("name", flat=True))
-    for role in (ADMIN, OPERATOR, VIEWER):
-        if role in names:
-            return role
-    return None
+        role = ADMIN
+    else:
+        names = set(user.groups.values_list("name", flat=True))
+        role = next((r for r in (ADMIN, OPERATOR, VIEWER) if r in names), None)
+    user._fabricpool_role = role
+    return role

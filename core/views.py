@@ -2,7 +2,7 @@ from django.db.models import Count
 from django.shortcuts import render
 
 from fabric.models import Fabric
-from fabric.views import STATES, TIER_ORDER, fabric_counts
+from fabric.selectors import STATES, TIER_ORDER, fabric_counts
 from pool.models import Gpu, Host
 
 

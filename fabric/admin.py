@@ -6,7 +6,7 @@ from django.contrib import admin
 from django.db.models import Q
 
 from .models import ChannelAdapter, Fabric, FabricEvent, Link, Port, PortCounters, Site, Switch
-from .views import normalize_guid
+from .models import normalize_guid
 
 
 class GuidSearchMixin:

@@ -81,6 +81,14 @@ class _PortEvidence:
 
 
 @dataclass
+class _PortRow:
+    pk: int
+    number: int
+    state: str
+    label: str
+
+
+@dataclass
 class HealthResult:
     fabric: Fabric
     counters_stored: int = 0
@@ -123,7 +131,7 @@ def _link_name(link: Link, first_port_id: int | None = None) -> str:
     return f"{_label(link.port_a)} ↔ {far}"
 
 
-def _rates(previous: PortCounters | None, reading: Reading, min_interval: float, limit: float, reading_port_id: int, label: str) -> tuple[dict, _PortEvidence, bool]:
+def _rates(previous: PortCounters | None, reading: Reading, port: _PortRow, min_interval: float, limit: float) -> tuple[dict, _PortEvidence, bool]:
     """(rates per hour, evidence, keep_previous). A counter lower than before was reset:
     what it shows now counted since the reset, which is a lower bound of the growth."""
     values = reading.counters.counters
@@ -142,13 +150,13 @@ def _rates(previous: PortCounters | None, reading: Reading, min_interval: float,
         old, new = previous.values[name], values[name]
         delta = new if new < old else new - old
         if reading.counters.saturated(name) and new == old:
-            evidence.over.append(_Over(reading_port_id, label, name, None))
+            evidence.over.append(_Over(port.pk, port.label, name, None))
             continue
         rate = delta * 3600.0 / seconds
         rates[name] = round(rate, 3)
         if rate > limit:
-            evidence.over.append(_Over(reading_port_id, label, name, rate, delta, seconds))
-    evidence.measured = True
+            evidence.over.append(_Over(port.pk, port.label, name, rate, delta, seconds))
+    evidence.measured = bool(rates)
     return rates, evidence, False
 
 
@@ -169,14 +177,15 @@ def apply_health(
     with transaction.atomic():
         fabric = Fabric.objects.select_for_update().get(pk=fabric.pk)
         result = HealthResult(fabric=fabric)
-        ports = list(Port.objects.filter(fabric=fabric).select_related("switch", "adapter"))
-        by_node = {}
-        by_port_guid = {}
-        for port in ports:
-            owner = port.switch if port.switch_id else port.adapter
-            by_node[(int(owner.guid, 16), port.number)] = port
-            if port.guid:
-                by_port_guid[(int(port.guid, 16), port.number)] = port
+        # Plain tuples, not model instances: a large fabric has tens of thousands of ports.
+        by_node, by_port_guid = {}, {}
+        rows = Port.objects.filter(fabric=fabric).values_list(
+            "id", "number", "guid", "state", "switch__guid", "adapter__guid", "switch__description", "adapter__description")
+        for pk, number, guid, state, sw_guid, ad_guid, sw_desc, ad_desc in rows:
+            port = _PortRow(pk, number, state, f"{(sw_desc or ad_desc or '?').strip()}[{number}]")
+            by_node[(int(sw_guid or ad_guid, 16), number)] = port
+            if guid:
+                by_port_guid[(int(guid, 16), number)] = port
 
         evidence = _store_counters(fabric, readings, by_node, min_interval, limit, result)
         seen = _store_port_states(port_links, by_port_guid, by_node, result)
@@ -186,11 +195,13 @@ def apply_health(
 
 def _store_counters(fabric, readings, by_node, min_interval, limit, result) -> dict[int, _PortEvidence]:
     merged: dict[int, Reading] = {}
+    ports: dict[int, _PortRow] = {}
     for reading in readings:
         port = by_node.get((reading.node_guid, reading.counters.port))
         if port is None:
             result.readings_unmatched.append(f"0x{reading.node_guid:016x}[{reading.counters.port}]")
             continue
+        ports[port.pk] = port
         if port.pk in merged:  # several kinds (-x, -E) of the same port: one set of values
             merged[port.pk].counters.counters.update(reading.counters.counters)
         else:
@@ -198,23 +209,16 @@ def _store_counters(fabric, readings, by_node, min_interval, limit, result) -> d
                 lid=reading.counters.lid, port=reading.counters.port, kind=reading.counters.kind,
                 counters=dict(reading.counters.counters)), reading.read_at)
     previous = {row.port_id: row for row in PortCounters.objects.filter(port_id__in=list(merged))}
-    labels = {port.pk: _label(port) for port in by_node.values() if port.pk in merged}
     evidence: dict[int, _PortEvidence] = {}
-    to_create, to_update = [], []
+    rows = []
     for port_id, reading in merged.items():
-        old = previous.get(port_id)
-        rates, evidence[port_id], keep = _rates(old, reading, min_interval, limit, port_id, labels[port_id])
-        if keep:
-            continue
-        values = dict(reading.counters.counters)
-        if old is None:
-            to_create.append(PortCounters(port_id=port_id, read_at=reading.read_at, values=values, error_rate_per_hour=rates))
-        else:
-            old.read_at, old.values, old.error_rate_per_hour = reading.read_at, values, rates
-            to_update.append(old)
-    PortCounters.objects.bulk_create(to_create, batch_size=1000)
-    PortCounters.objects.bulk_update(to_update, ["read_at", "values", "error_rate_per_hour"], batch_size=1000)
-    result.counters_stored = len(to_create) + len(to_update)
+        rates, evidence[port_id], keep = _rates(previous.get(port_id), reading, ports[port_id], min_interval, limit)
+        if not keep:
+            rows.append(PortCounters(port_id=port_id, read_at=reading.read_at, values=dict(reading.counters.counters), error_rate_per_hour=rates))
+    # One upsert per batch: bulk_update's CASE expressions take seconds for a large fabric.
+    PortCounters.objects.bulk_create(rows, batch_size=500, update_conflicts=True, unique_fields=["port"],
+                                     update_fields=["read_at", "values", "error_rate_per_hour"])
+    result.counters_stored = len(rows)
     return evidence
 
 
@@ -226,13 +230,14 @@ def _store_port_states(port_links, by_port_guid, by_node, result) -> dict[int, l
         key = (record.guid, record.port)
         port = by_port_guid.get(key) or by_node.get(key)
         if port is None:
-            result.ports_unmatched.append(f"{record.description}[{record.port}] (0x{record.guid:016x})")
+            if record.remote_guid is not None:  # a cable discovery does not know (yet)
+                result.ports_unmatched.append(f"{record.description}[{record.port}] (0x{record.guid:016x})")
             continue
         seen[port.pk] = record
         state = PORT_STATE_BY_IB_STATE.get(record.state, Port.State.UNKNOWN)
         if port.state != state:
             port.state = state
-            changed.append(port)
+            changed.append(Port(pk=port.pk, state=state))
     Port.objects.bulk_update(changed, ["state"], batch_size=1000)
     return seen
 
@@ -274,10 +279,11 @@ def _set_link_states(fabric, evidence, seen, limit, now, result):
             if at_b != -1 and (at_a == -1 or at_b < at_a):
                 culprit = link.port_b_id
         states[new_state] = states.get(new_state, 0) + 1
+        reason = reason[:300]  # the column's size: compare what would be stored
         if (new_state, reason) == (link.state, link.state_reason):
             continue
         old_state, old_reason = link.state, link.state_reason
-        link.state, link.state_reason = new_state, reason[:300]
+        link.state, link.state_reason = new_state, reason
         to_update.append(link)
         if new_state == old_state:
             continue  # same state, fresher reason: no event

@@ -14,7 +14,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from . import ibnetdiscover as ibd
-from .models import ChannelAdapter, Fabric, FabricEvent, Link, Port, Switch, guid_hex
+from .models import ChannelAdapter, Fabric, FabricEvent, Link, Port, Switch, guid_hex, validate_fabric_name
 from .tiers import infer_tiers
 
 SWITCH_FIELDS = ("description", "system_image_guid", "vendor_id", "device_id", "num_ports", "lid", "lmc", "enhanced_port0", "tier")
@@ -84,11 +84,13 @@ def _node_values(node: ibd.Node, tier: str | None) -> dict:
 
 def import_file(source, fabric_name: str, source_name: str = "") -> ImportResult:
     """Parse then import. Raises ibnetdiscover.TopologyError before touching the database."""
+    validate_fabric_name(fabric_name)  # before reading a possibly large file
     topo = ibd.parse(source)
     return import_topology(topo, fabric_name, source_name)
 
 
 def import_topology(topo: ibd.Topology, fabric_name: str, source_name: str = "") -> ImportResult:
+    validate_fabric_name(fabric_name)
     now = timezone.now()
     with transaction.atomic():
         fabric, _ = Fabric.objects.get_or_create(name=fabric_name)

@@ -17,7 +17,6 @@ import re
 from dataclasses import dataclass
 
 ACTIVE = "Active"
-STATES = ("Down", "Initialize", "Armed", "Active", "NoChange")
 
 _LINE_RE = re.compile(
     r'^0x(?P<guid>[0-9a-fA-F]{1,16})\s+"(?P<desc>.*)"\s+(?P<lid>\d+)\s+(?P<port>\d+)\[(?P<ext>[^\]]*)\]\s*'

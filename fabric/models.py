@@ -1,6 +1,8 @@
 """The InfiniBand fabric as ibnetdiscover describes it: switches, channel adapters, their
 ports and the cables between ports. Rows are never deleted by discovery: what vanishes is
 marked missing, so history and the events that explain it stay."""
+import string
+
 from django.db import models
 from django.utils import timezone
 
@@ -12,6 +14,28 @@ def guid_hex(guid: int) -> str:
     """GUIDs are 64-bit unsigned (too big for a signed bigint): stored as 16 lowercase hex
     digits, so that equal numbers are equal strings whatever padding the file used."""
     return f"{guid:016x}"
+
+
+def normalize_guid(text: str) -> str | None:
+    """`0x2c903007b78b0`, `0002c903007b78b0` or `00:02:c9:...` -> the stored form (16
+    lowercase hex digits); None when the text is not a GUID."""
+    value = text.strip().lower().replace(":", "")
+    if value.startswith("0x"):
+        value = value[2:]
+    if not 1 <= len(value) <= 16 or any(c not in string.hexdigits for c in value):
+        return None
+    return value.rjust(16, "0")
+
+
+class FabricNameError(ValueError):
+    pass
+
+
+def validate_fabric_name(name: str) -> str:
+    """Fabric names appear in URLs, Slurm files and commands: letters, digits, - and _."""
+    if not name or len(name) > 64 or not all(c.isascii() and (c.isalnum() or c in "-_") for c in name):
+        raise FabricNameError(f"fabric name {name!r} must be 1-64 letters, digits, '-' or '_'")
+    return name
 
 
 class Site(models.Model):

@@ -31,7 +31,7 @@ from django.utils import timezone
 from . import health, linkinfo, perfquery
 from .ibnetdiscover import TopologyError
 from .importer import import_file
-from .models import Fabric, FabricEvent, Port, Switch
+from .models import Fabric, FabricEvent, FabricNameError, Port, Switch, validate_fabric_name
 
 log = logging.getLogger(__name__)
 
@@ -121,6 +121,10 @@ def discover_fabric(fabric_name: str | None = None) -> dict:
     """Run the discovery command and import its output as a diff. On any failure, one
     discovery_failed event and nothing else changes."""
     name = fabric_name or settings.IB_FABRIC_NAME
+    try:
+        validate_fabric_name(name)
+    except FabricNameError as exc:
+        return {"fabric": name, "ok": False, "error": str(exc)}
     timeout = float(settings.IB_DISCOVER_TIMEOUT)
     started = time.monotonic()
     try:
@@ -225,7 +229,11 @@ def _switch_lids(fabric: Fabric, port_links) -> list[tuple[Switch, int | None]]:
 
 
 def _read_switch_counters(fabric, port_links, timeout, errors):
-    base = command_argv("IB_PERFQUERY_COMMAND")
+    try:
+        base = command_argv("IB_PERFQUERY_COMMAND")
+    except CommandFailed as exc:
+        errors.append(f"counters not read: {exc}")
+        return [], 0, []
     targets = _switch_lids(fabric, port_links)
     unreachable = [sw.description for sw, lid in targets if lid is None]
     targets = [(sw, lid) for sw, lid in targets if lid is not None]

@@ -4,65 +4,17 @@ grouped queries, so a Selene-size fabric (666 switches, 13k links) renders as fa
 lab one."""
 from __future__ import annotations
 
-import string
 from collections import defaultdict
 
 from django.core.paginator import Paginator
 from django.db.models import Case, Count, F, IntegerField, Q, Value, When
 from django.shortcuts import get_object_or_404, redirect, render
 
-from .models import ChannelAdapter, Fabric, FabricEvent, Link, Port, Switch
+from .models import ChannelAdapter, Fabric, FabricEvent, Link, Port, Switch, normalize_guid
+from .selectors import STATES, TIER_ORDER, fabric_counts
 
 PAGE_SIZE = 100
 RECENT_EVENTS = 20
-TIER_ORDER = [Switch.Tier.LEAF, Switch.Tier.SPINE, Switch.Tier.CORE, Switch.Tier.UNKNOWN]
-STATES = [Link.State.UP, Link.State.DEGRADED, Link.State.DOWN, Link.State.MISSING]
-
-
-def normalize_guid(text: str) -> str | None:
-    """`0x2c903007b78b0`, `0002c903007b78b0` or `00:02:c9:...` -> the stored form (16
-    lowercase hex digits); None when the text is not a GUID."""
-    value = text.strip().lower().replace(":", "")
-    if value.startswith("0x"):
-        value = value[2:]
-    if not 1 <= len(value) <= 16 or any(c not in string.hexdigits for c in value):
-        return None
-    return value.rjust(16, "0")
-
-
-def fabric_counts(fabric: Fabric | None = None) -> dict[int, dict]:
-    """Per fabric id: present switches by tier, adapters, hosts, links by state. Four
-    grouped queries whatever the number of fabrics or links."""
-    counts: dict[int, dict] = defaultdict(
-        lambda: {
-            "tiers": {tier: 0 for tier in TIER_ORDER},
-            "switches": 0,
-            "adapters": 0,
-            "hosts": 0,
-            "links": {state: 0 for state in STATES},
-            "links_total": 0,
-        }
-    )
-    where = {"fabric": fabric} if fabric is not None else {}
-    # order_by() drops the models' default ordering, which would otherwise join GROUP BY.
-    for row in Switch.objects.filter(present=True, **where).values("fabric_id", "tier").annotate(n=Count("id")).order_by():
-        entry = counts[row["fabric_id"]]
-        entry["tiers"][row["tier"]] = row["n"]
-        entry["switches"] += row["n"]
-    host_filter = Q(is_aggregation_node=False) & ~Q(host_name="")
-    adapters = (
-        ChannelAdapter.objects.filter(present=True, **where)
-        .values("fabric_id")
-        .annotate(n=Count("id"), hosts=Count("host_name", filter=host_filter, distinct=True))
-        .order_by()
-    )
-    for row in adapters:
-        counts[row["fabric_id"]].update(adapters=row["n"], hosts=row["hosts"])
-    for row in Link.objects.filter(**where).values("fabric_id", "state").annotate(n=Count("id")).order_by():
-        entry = counts[row["fabric_id"]]
-        entry["links"][row["state"]] = row["n"]
-        entry["links_total"] += row["n"]
-    return counts
 
 
 def _bad_filter(request, template, context, message):

@@ -106,6 +106,17 @@ def test_fabric_page_groups_switches_by_tier_with_link_health(client, viewer, la
     assert "first import: 2 switches, 13 adapters, 16 links" in page  # recent events
 
 
+def test_recent_events_link_to_their_switch(client, viewer, lab):
+    from fabric.models import FabricEvent
+
+    switch = Switch.objects.get(guid=LAB_QM8700)
+    FabricEvent.objects.create(fabric=lab, kind=FabricEvent.Kind.SWITCH_CHANGED, severity=FabricEvent.Severity.WARNING,
+                               message="switch MF0;r-ufm-sw95:MQM8700/U1: lid 13 → 14", switch=switch)
+    page = text(client.get("/fabric/lab/"))
+    assert f'<a href="/fabric/lab/switches/{LAB_QM8700}/">switch MF0;r-ufm-sw95:MQM8700/U1: lid 13 → 14</a>' in page
+    assert page.index("lid 13 → 14") < page.index("first import")  # newest first
+
+
 def test_tier_filter_and_bad_tier(client, viewer, lab):
     assert "No switches in tier spine" in text(client.get("/fabric/lab/?tier=spine"))
     response = client.get("/fabric/lab/?tier=attic")
@@ -270,7 +281,7 @@ def test_asgi_app_serves_plotly_and_the_stylesheet():
     assert asgi_get("/static/vendor/nothing.js")[0] == 404
 
 
-def test_charts_block_loads_the_local_plotly(rf):
+def test_charts_block_loads_the_local_plotly():
     from django.template import Context, Template
 
     rendered = Template("{% include 'includes/plotly.html' %}").render(Context({}))
@@ -285,3 +296,34 @@ def test_base_page_shows_user_role_logout_and_live_indicator(client, viewer, lab
     assert '<a href="/fabric/" aria-current="page">Fabric</a>' in page
     assert "/admin/" not in page  # viewers are not staff
     assert 'datetime="' in page  # last import time, localized by time.js
+
+
+def test_collectstatic_copies_plotly_from_the_package(tmp_path, settings):
+    from io import StringIO
+
+    from django.core.management import call_command
+
+    settings.STATIC_ROOT = tmp_path
+    call_command("collectstatic", interactive=False, verbosity=0, stdout=StringIO())
+    copied = tmp_path / "vendor" / "plotly.min.js"
+    assert copied.stat().st_size == Path(finders.find("vendor/plotly.min.js")).stat().st_size
+    assert (tmp_path / "js" / "live.js").exists() and (tmp_path / "css" / "fabricpool.css").exists()
+
+
+def test_a_fabric_name_that_is_not_a_slug_still_renders(client, viewer, sample):
+    # The importer takes any --fabric name; the pages must not break on one with a space.
+    import_file(sample(LAB), "hall B", source_name=LAB)
+    assert client.get("/").status_code == 200
+    page = text(client.get("/fabric/hall%20B/"))
+    assert "Fabric hall B" in page
+    assert client.get("/fabric/hall%20B/links/?state=up").status_code == 200
+
+
+@pytest.mark.parametrize("text_in, stored", [
+    ("0x2c903007b78b0", "0002c903007b78b0"), (" 0X0002C903007B78B0 ", "0002c903007b78b0"),
+    ("b8:59:9f:03:00:fc:6d:e4", "b8599f0300fc6de4"), ("0x", None), ("12345678901234567", None), ("ufm", None), ("", None),
+])
+def test_guid_spellings(text_in, stored):
+    from fabric.models import normalize_guid
+
+    assert normalize_guid(text_in) == stored

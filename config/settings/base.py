@@ -59,6 +59,7 @@ MIDDLEWARE = [
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.auth.middleware.LoginRequiredMiddleware",
+    "core.middleware.RoleRequiredMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
 ]
@@ -183,3 +184,19 @@ STATICFILES_FINDERS = [
 # --- pool ---------------------------------------------------------------------------------
 # Where a newly discovered host's agent answers; {host} is the host name.
 AGENT_URL_TEMPLATE = os.environ.get("AGENT_URL_TEMPLATE", "http://{host}:9400")
+POLL_INTERVAL = env_float("POLL_INTERVAL", 10.0)  # seconds between poll rounds
+STALE_AFTER = int(env_float("STALE_AFTER", 3))  # missed rounds before a host is stale
+UNREACHABLE_AFTER = int(env_float("UNREACHABLE_AFTER", 6))  # ... and unreachable
+POLL_CONNECT_TIMEOUT = env_float("POLL_CONNECT_TIMEOUT", 1.0)
+POLL_READ_TIMEOUT = env_float("POLL_READ_TIMEOUT", 3.0)
+POLL_CHUNK_SIZE = int(env_float("POLL_CHUNK_SIZE", 512))  # agents per Celery task
+POLL_CONCURRENCY = int(env_float("POLL_CONCURRENCY", 256))  # open connections per task
+SAMPLE_RETENTION_HOURS = env_float("SAMPLE_RETENTION_HOURS", 24.0)
+
+
+def _agent_token_secret():
+    """One secret from which every host's agent token is derived (HMAC of the host name)."""
+    return os.environ.get("AGENT_TOKEN_SECRET", "")
+
+
+AGENT_TOKEN_SECRET = _agent_token_secret()  # empty: derived from SECRET_KEY in pool.tokens

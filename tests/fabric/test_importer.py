@@ -165,3 +165,11 @@ def test_100_mb_garbage_file_is_refused_without_traceback(tmp_path):
     assert proc.returncode == 1
     assert "Traceback" not in proc.stderr
     assert "binary data" in proc.stderr and "nothing was imported" in proc.stderr
+
+
+def test_fabric_name_must_be_url_safe(tmp_path):
+    path = tmp_path / "lab.txt"
+    path.write_bytes(read_sample(LAB))
+    with pytest.raises(CommandError, match="fabric name 'hall B' must be"):
+        call_command("import_ibnetdiscover", str(path), "--fabric", "hall B")
+    assert not Fabric.objects.exists()

@@ -13,7 +13,6 @@ from django_celery_beat.models import PeriodicTask
 
 from fabric import tasks
 from fabric.models import ChannelAdapter, Fabric, FabricEvent, Link, Port, PortCounters, Switch
-from tests.conftest import read_sample
 from tests.fabric.test_health import TOPOLOGY
 
 pytestmark = pytest.mark.django_db
@@ -270,3 +269,11 @@ def test_periodic_jobs_exist_disabled_and_the_migration_reverses():
     migration.create_jobs(django_apps, None)
     migration.create_jobs(django_apps, None)  # idempotent
     assert PeriodicTask.objects.filter(name__startswith="fabric: ", enabled=False).count() == 2
+
+
+def test_an_invalid_fabric_name_is_refused_before_running_anything(settings, tmp_path):
+    marker = tmp_path / "ran"
+    settings.IB_DISCOVER_COMMAND = shlex.join(["touch", str(marker)])
+    result = tasks.discover_fabric("my fabric; rm -rf /")
+    assert not result["ok"] and "must be 1-64 letters" in result["error"]
+    assert not marker.exists() and not Fabric.objects.exists()

@@ -4,6 +4,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from fabric.ibnetdiscover import TopologyError
 from fabric.importer import import_file
+from fabric.models import FabricNameError
 
 
 class Command(BaseCommand):
@@ -23,6 +24,8 @@ class Command(BaseCommand):
             raise CommandError(f"{file}: is a directory") from None
         except PermissionError:
             raise CommandError(f"{file}: permission denied") from None
+        except FabricNameError as exc:
+            raise CommandError(str(exc)) from None
         except TopologyError as exc:
             raise CommandError(f"{file}: {exc} (nothing was imported)") from None
         for warning in result.warnings:

@@ -1,0 +1,87 @@
+"""Every websocket is authenticated and origin-checked before a consumer sees it: tested
+against the project's real ASGI application (config.asgi), as a browser connects."""
+import pytest
+from asgiref.sync import async_to_sync
+from channels.testing import WebsocketCommunicator
+from django.contrib.auth.models import User
+from django.test import Client, override_settings
+
+from config.asgi import application
+from core.consumers import CLOSE_UNAUTHENTICATED
+
+# Transactional: the auth middleware reads the session from another thread.
+pytestmark = [
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.usefixtures("memory_channel_layer"),
+]
+ORIGIN = (b"origin", b"http://localhost")
+
+
+@pytest.fixture
+def memory_channel_layer():
+    with override_settings(CHANNEL_LAYERS={"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}):
+        yield
+
+
+def session_cookie(username="vera"):
+    # No role group: flushes between transactional tests drop the groups, and any
+    # logged-in user may hold the heartbeat socket.
+    user = User.objects.create_user(username, password="unused-password-1")
+    client = Client()
+    client.force_login(user)
+    return (b"cookie", f"sessionid={client.cookies['sessionid'].value}".encode())
+
+
+def exchange(headers, send=None):
+    """Connect, read the first message, optionally send one and read the answer."""
+
+    async def run():
+        communicator = WebsocketCommunicator(application, "/ws/heartbeat/", headers=headers)
+        connected, code = await communicator.connect(timeout=5)
+        replies = []
+        if connected:
+            replies.append(await communicator.receive_json_from(timeout=5))
+            if send is not None:
+                await communicator.send_json_to(send)
+                replies.append(await communicator.receive_json_from(timeout=5))
+            await communicator.disconnect()
+        return connected, code, replies
+
+    return async_to_sync(run)()
+
+
+def test_anonymous_socket_is_refused():
+    connected, code, replies = exchange([ORIGIN])
+    assert not connected and code == CLOSE_UNAUTHENTICATED and replies == []
+
+
+def test_forged_session_cookie_is_refused():
+    connected, code, _ = exchange([ORIGIN, (b"cookie", b"sessionid=not-a-real-session")])
+    assert not connected and code == CLOSE_UNAUTHENTICATED
+
+
+def test_logged_in_user_connects_and_gets_hello_then_pong():
+    connected, _, replies = exchange([ORIGIN, session_cookie("vera")], send={"type": "ping"})
+    assert connected
+    assert replies == [{"type": "hello", "user": "vera"}, {"type": "pong"}]
+
+
+@pytest.mark.parametrize("origin", [b"http://evil.example", b"http://localhost.evil.example", b"null"])
+def test_foreign_origin_is_refused_even_with_a_valid_session(origin):
+    connected, code, replies = exchange([(b"origin", origin), session_cookie()])
+    assert not connected and replies == []
+    assert code != CLOSE_UNAUTHENTICATED  # refused at the origin check, before auth
+
+
+def test_missing_origin_is_refused():
+    connected, _, _ = exchange([session_cookie()])
+    assert not connected
+
+
+def test_session_ended_by_logout_is_refused():
+    cookie = session_cookie("vera")
+    from django.contrib.sessions.models import Session
+
+    Session.objects.all().delete()  # what logout does to the session row
+    connected, code, _ = exchange([ORIGIN, cookie])
+    assert not connected and code == CLOSE_UNAUTHENTICATED
