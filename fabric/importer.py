@@ -258,7 +258,9 @@ def _sync_links(fabric, topo, ports, now, result, events):
             continue
         pk, old_width, old_speed, state = found
         changed = (old_width, old_speed) != (width, speed)
-        back = state in (Link.State.MISSING, Link.State.DOWN)
+        # Only discovery marks links missing, so only discovery brings them back; a `down`
+        # link belongs to the health check (a port stuck in Initialize is still discovered).
+        back = state == Link.State.MISSING
         if not (changed or back):
             continue
         update = Link(pk=pk, width=width, speed=speed, gbps=link.gbps,

@@ -247,6 +247,7 @@ class FabricEvent(models.Model):
         LINK_HEALTHY = "link_healthy"
         IMPORT_WARNING = "import_warning"
         DISCOVERY_FAILED = "discovery_failed"
+        HEALTH_CHECK_FAILED = "health_check_failed"
 
     class Severity(models.TextChoices):
         INFO = "info"
@@ -255,7 +256,7 @@ class FabricEvent(models.Model):
 
     fabric = models.ForeignKey(Fabric, on_delete=models.CASCADE, related_name="events")
     created_at = models.DateTimeField(default=timezone.now, db_index=True)
-    kind = models.CharField(max_length=20, choices=Kind.choices, db_index=True)
+    kind = models.CharField(max_length=24, choices=Kind.choices, db_index=True)
     severity = models.CharField(max_length=8, choices=Severity.choices, default=Severity.INFO)
     message = models.CharField(max_length=500)
     link = models.ForeignKey(Link, null=True, blank=True, on_delete=models.SET_NULL, related_name="events")

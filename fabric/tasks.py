@@ -28,9 +28,9 @@ from celery import shared_task
 from django.conf import settings
 from django.utils import timezone
 
-from . import health, linkinfo, perfquery
+from . import health, ibnetdiscover, linkinfo, perfquery
 from .ibnetdiscover import TopologyError
-from .importer import import_file
+from .importer import import_topology
 from .models import Fabric, FabricEvent, FabricNameError, Port, Switch, validate_fabric_name
 
 log = logging.getLogger(__name__)
@@ -133,7 +133,10 @@ def discover_fabric(fabric_name: str | None = None) -> dict:
                 return _skipped(name, "discovery")
             try:
                 output = run_command(command_argv("IB_DISCOVER_COMMAND"), timeout)
-                result = import_file(output, name, source_name=f"discover_fabric: {settings.IB_DISCOVER_COMMAND}")
+                topo = ibnetdiscover.parse(output)
+                if loss := _implausible_loss(name, topo):
+                    return _discovery_failed(name, loss)
+                result = import_topology(topo, name, source_name=f"discover_fabric: {settings.IB_DISCOVER_COMMAND}")
             except (CommandFailed, TopologyError) as exc:
                 reason = str(exc) if isinstance(exc, CommandFailed) else f"output of {settings.IB_DISCOVER_COMMAND} is not a topology: {exc}"
                 return _discovery_failed(name, reason)
@@ -154,6 +157,21 @@ def discover_fabric(fabric_name: str | None = None) -> dict:
     }
     log.info("discovery: %s", summary["summary"])
     return summary
+
+
+def _implausible_loss(name: str, topo) -> str | None:
+    """A discovery host that lost its own cable sees only itself and still exits 0: refuse
+    an unattended import that would mark most of the fabric missing. An operator who knows
+    the fabric shrank imports the file by hand (import_ibnetdiscover)."""
+    present = Switch.objects.filter(fabric__name=name, present=True).count()
+    found = sum(1 for node in topo.nodes.values() if node.kind == ibnetdiscover.SWITCH)
+    max_loss = float(getattr(settings, "IB_DISCOVER_MAX_LOSS", 0.5))
+    if present >= 4 and found < present * (1 - max_loss):
+        return (
+            f"found {found} of {present} known switches (more than {max_loss:.0%} lost): "
+            "is the discovery host's own link down? Import by hand with import_ibnetdiscover if the fabric really shrank"
+        )
+    return None
 
 
 def _discovery_failed(name: str, reason: str) -> dict:
@@ -197,6 +215,11 @@ def check_link_health(fabric_name: str | None = None) -> dict:
         return {"fabric": name, "ok": False, "error": str(exc)}
     for error in errors:
         log.warning("link health of fabric %s: %s", name, error)
+    if errors:
+        FabricEvent.objects.create(
+            fabric=fabric, kind=FabricEvent.Kind.HEALTH_CHECK_FAILED, severity=FabricEvent.Severity.WARNING,
+            message=f"link health check incomplete: {'; '.join(errors)}"[:500], data={"errors": errors[:50]},
+        )
     summary = {
         "ok": not errors,
         **result.summary(),

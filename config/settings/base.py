@@ -200,3 +200,7 @@ def _agent_token_secret():
 
 
 AGENT_TOKEN_SECRET = _agent_token_secret()  # empty: derived from SECRET_KEY in pool.tokens
+# Two counter readings closer than this keep the older one as the baseline for rates.
+IB_COUNTER_MIN_INTERVAL = env_float("IB_COUNTER_MIN_INTERVAL", 30.0)
+# An unattended discovery that would lose more than this share of known switches is refused.
+IB_DISCOVER_MAX_LOSS = env_float("IB_DISCOVER_MAX_LOSS", 0.5)

@@ -277,3 +277,29 @@ def test_an_invalid_fabric_name_is_refused_before_running_anything(settings, tmp
     result = tasks.discover_fabric("my fabric; rm -rf /")
     assert not result["ok"] and "must be 1-64 letters" in result["error"]
     assert not marker.exists() and not Fabric.objects.exists()
+
+
+def test_discovery_that_loses_most_switches_is_refused(discover_from, name):
+    from tests.conftest import read_sample
+
+    lab = read_sample("ibnetdiscover_nvidia_topograph_dgx_h100_ndr_40sw_582ca_railopt.txt")
+    discover_from(lab)
+    assert tasks.discover_fabric(name)["ok"]
+    before = snapshot(name)
+    # The discovery host's own cable is down: ibnetdiscover sees one lone CA and exits 0.
+    discover_from(read_sample("ibnetdiscover_nvidia_topograph_example-bad_single_ca_gb200.txt"))
+    result = tasks.discover_fabric(name)
+    assert not result["ok"] and "found 0 of 40 known switches" in result["error"]
+    assert snapshot(name) == before
+    event = FabricEvent.objects.get(fabric__name=name, kind="discovery_failed")
+    assert "discovery host's own link down" in event.message
+
+
+def test_incomplete_link_health_check_is_an_event(discover_from, diag_tools, settings, name):
+    discover_from(TOPOLOGY)
+    tasks.discover_fabric(name)
+    settings.IB_LINKINFO_COMMAND = "false"
+    result = tasks.check_link_health(name)
+    assert not result["ok"]
+    event = FabricEvent.objects.get(fabric__name=name, kind="health_check_failed")
+    assert "port states unknown" in event.message
