@@ -3,8 +3,8 @@ and honcho: start several long-running programs, prefix each output line with th
 program's name, stop them all on one Ctrl-C, and stop them all when any one of them dies.
 
 Each child runs in its own session (process group). The terminal's Ctrl-C therefore
-reaches only the supervisor, which passes the stop on to every group, so a child's own
-children (Celery's pool processes) are signalled too and shutdown happens in one place.
+reaches only the supervisor, which asks each program to stop (SIGTERM by default), waits,
+and at last kills whole process groups, so that nothing a program started outlives it.
 """
 from __future__ import annotations
 
@@ -27,6 +27,12 @@ class Program:
     stop_signal: int = signal.SIGTERM
 
 
+def how_it_ended(returncode: int) -> str:
+    if returncode < 0:
+        return f"was stopped by {signal.Signals(-returncode).name}"
+    return f"exited with code {returncode}"
+
+
 class Supervisor:
     def __init__(self, programs: list[Program], *, cwd=None, env=None, grace: float = 15.0, out=None):
         self.programs = programs
@@ -34,7 +40,7 @@ class Supervisor:
         self.env = dict(os.environ if env is None else env)
         self.grace = grace
         self.out = out or sys.stdout
-        self.width = max((len(p.name) for p in programs), default=0)
+        self.width = max(len("supervisor"), *(len(p.name) for p in programs))
         self.lock = threading.Lock()
         self.running: list[tuple[Program, subprocess.Popen]] = []
         self.readers: list[threading.Thread] = []
@@ -69,19 +75,25 @@ class Supervisor:
         self.readers.append(reader)
         self.say(program.name, f"started (pid {proc.pid}): {' '.join(program.argv)}")
 
-    def _signal_all(self, signum: int | None = None) -> None:
-        """`signum`, or each program's stop signal, to whole groups, even where the program
-        itself has exited: its children may remain."""
+    def _ask_to_stop(self) -> None:
+        # The program alone, not its group: Celery's main process stops its pool itself
+        # (pool processes that get SIGTERM during start-up make the worker fail).
         for program, proc in self.running:
+            if proc.poll() is None:
+                proc.send_signal(program.stop_signal)
+
+    def _kill_groups(self) -> None:
+        # Whole groups, even where the program itself has exited: its children may remain.
+        for _, proc in self.running:
             try:
-                os.killpg(proc.pid, signum or program.stop_signal)
+                os.killpg(proc.pid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
                 pass
 
     def _stop_all(self) -> None:
         """Ask every program to stop, wait up to `grace` seconds, then kill what is left.
         A second Ctrl-C while waiting kills at once."""
-        self._signal_all()
+        self._ask_to_stop()
         seen = len(self.signals)
         deadline = time.monotonic() + self.grace
         while any(proc.poll() is None for _, proc in self.running):
@@ -89,21 +101,20 @@ class Supervisor:
                 for program, proc in self.running:
                     if proc.poll() is None:
                         self.say("supervisor", f"{program.name} did not stop; killing it")
-                self._signal_all(signal.SIGKILL)
+                self._kill_groups()
                 break
             time.sleep(0.1)
         for _, proc in self.running:
             proc.wait()
-        self._signal_all(signal.SIGKILL)  # stragglers left behind by a program that exited
+        self._kill_groups()  # stragglers left behind by a program that exited
         for reader in self.readers:
             reader.join(timeout=2)
         for program, proc in self.running:
-            self.say("supervisor", f"{program.name} exited with code {proc.returncode}")
+            self.say("supervisor", f"{program.name} {how_it_ended(proc.returncode)}")
 
     def run(self) -> int:
         """Run until a signal (exit 0) or until a program exits on its own (exit 1)."""
         previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
-        self.width = max(self.width, len("supervisor"))
         reason = None
         try:
             for program in self.programs:
@@ -115,7 +126,7 @@ class Supervisor:
             while reason is None and not self.signals:
                 for program, proc in self.running:
                     if proc.poll() is not None:
-                        reason = f"{program.name} exited with code {proc.returncode}"
+                        reason = f"{program.name} {how_it_ended(proc.returncode)}"
                         break
                 else:
                     time.sleep(0.2)
