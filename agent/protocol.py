@@ -154,6 +154,8 @@ def _gpu(data, path):
         "pci_bus_id": _string(data, "pci_bus_id", path, max_length=40) or "",
         "nearest_hca": _string(data, "nearest_hca", path, max_length=40) or "",
         "mig_mode": bool(data.get("mig_mode", False)),
+        # optional (added compatibly): set when the agent could not read this GPU, e.g. fallen off the bus
+        "error": _string(data, "error", path, max_length=500) or "",
     }
     gpu["mig_instances"] = [
         {
