@@ -19,7 +19,6 @@ import hashlib
 import json
 import logging
 import os
-import re
 import signal
 import subprocess
 import threading
@@ -30,14 +29,14 @@ from pathlib import Path
 
 import psutil
 
-from agent.protocol import FINISHED_STATES
+from agent.protocol import ALLOCATION_ID, FINISHED_STATES
 
 log = logging.getLogger(__name__)
 
 STATE_FILE = "allocations.json"
 STATE_SCHEMA = "fabricpool.agent-state/1"
 ACTIVE_STATES = ("starting", "running")
-ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,79}$")  # it names the log file
+ID_PATTERN = ALLOCATION_ID  # one rule, in agent.protocol
 MAX_ALLOCATIONS = 1024  # the protocol's limit on a report's allocations list
 REMEMBER_ACKNOWLEDGED = 1000  # ids kept after an ack, so a replayed start is refused
 ADOPTED_POLL_S = 1.0

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import json
 import math
+import re
 
 REPORT_SCHEMA = "fabricpool.report/1"
 ALLOCATION_SCHEMA = "fabricpool.allocation/1"
 MAX_REPORT_BYTES = 4 * 1024 * 1024  # a 8-GPU host with MIG and 8 HCAs is ~20 KB
 MAX_REQUEST_BYTES = 256 * 1024
+ALLOCATION_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,79}$")  # it names the agent's log file
 
 ALLOCATION_STATES = ("starting", "running", "succeeded", "failed", "stopped", "lost")
 FINISHED_STATES = ("succeeded", "failed", "stopped", "lost")
@@ -211,6 +213,13 @@ def _allocation(data, path):
     }
 
 
+def _allocation_id(data):
+    value = _string(data, "id", "", required=True, max_length=80)
+    if not ALLOCATION_ID.match(value):
+        raise ProtocolError("id", "letters, digits, '.', '_' and '-' only, starting with a letter or digit (it names the log file)")
+    return value
+
+
 def _gpu_ref(value, path):
     if not isinstance(value, str) or len(value) > 80:
         raise ProtocolError(path, "expected a GPU UUID string")
@@ -235,7 +244,7 @@ def parse_allocation_request(body: bytes | dict, *, max_bytes: int = MAX_REQUEST
     dist = _object(data, "distributed", "")
     return {
         "schema": schema,
-        "id": _string(data, "id", "", required=True, max_length=80),
+        "id": _allocation_id(data),
         "command": command,
         "env": env,
         "gpus": [_gpu_ref(v, f"gpus[{i}]") for i, v in enumerate(gpus)],

@@ -18,13 +18,12 @@ from __future__ import annotations
 
 import json
 import math
-import re
 import uuid
 import zlib
 from dataclasses import dataclass
 
 from . import __version__
-from .protocol import REPORT_SCHEMA
+from .protocol import ALLOCATION_ID, REPORT_SCHEMA
 
 AGENT_VERSION = f"{__version__}+sim"
 
@@ -133,7 +132,7 @@ BULK_PACKET_BYTES = 4096.0  # MTU-sized RDMA packets
 SMALL_PACKET_BYTES = 300.0
 XMIT_WAIT_PER_BYTE = 1e-4  # congestion ticks per byte under all-reduce load
 SIGTERM_EXIT = -15  # what a process killed by SIGTERM returns, as the real agent reports it
-ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,79}$")  # as agent/launcher.py takes them
+ID_PATTERN = ALLOCATION_ID  # one rule, in agent.protocol
 REMEMBER_ACKNOWLEDGED = 1000
 
 

@@ -87,7 +87,7 @@ def test_refusals_name_the_field_and_start_nothing(tmp_path):
             (request("j4", gpus=["GPU-m"]), 409, "gpus[0]", "is in MIG mode: allocate its MIG instances instead"),
             (request("j5", gpus=["GPU-x"]), 409, "gpus[0]", "cannot be used: GPU 4 is lost"),
             (request("j6", gpus=["GPU-b", "GPU-b"]), 400, "gpus[1]", "listed twice"),
-            (request("../../etc/x"), 400, "id", "names the log file"),
+            ({**request("j7"), "id": "../../etc/x"}, 400, "id", "names the log file"),  # past the protocol check
             (request("busy", gpus=["GPU-c"]), 409, "id", "already exists with a different request"),
         ]
         for req, status, path, message in cases:

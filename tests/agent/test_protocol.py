@@ -68,3 +68,12 @@ def test_report_with_every_allocation_state_validates(tmp_path):
     ]
     collector = Collector("gpu001", sysfs_root=tmp_path, read_gpus=list)
     assert [a["state"] for a in parse_report(collector.build(allocations))["allocations"]] == ["starting", "stopped", "lost"]
+
+
+def test_allocation_id_must_be_safe_as_a_file_name():
+    from agent.protocol import ALLOCATION_SCHEMA, ProtocolError, parse_allocation_request
+
+    body = {"schema": ALLOCATION_SCHEMA, "id": "../../etc/passwd", "command": ["true"], "gpus": ["GPU-a"]}
+    with pytest.raises(ProtocolError) as info:
+        parse_allocation_request(body)
+    assert info.value.path == "id"
