@@ -15,6 +15,7 @@ from django.utils import timezone
 
 from . import ibnetdiscover as ibd
 from .models import ChannelAdapter, Fabric, FabricEvent, Link, Port, Switch, guid_hex, validate_fabric_name
+from .signals import topology_imported
 from .tiers import infer_tiers
 
 SWITCH_FIELDS = ("description", "system_image_guid", "vendor_id", "device_id", "num_ports", "lid", "lmc", "enhanced_port0", "tier")
@@ -121,6 +122,7 @@ def import_topology(topo: ibd.Topology, fabric_name: str, source_name: str = "")
         fabric.last_import_at = now
         fabric.last_import_source = source_name[:300]
         fabric.save(update_fields=["last_import_at", "last_import_source"])
+        transaction.on_commit(lambda: topology_imported.send(sender=Fabric, fabric=fabric, result=result), robust=True)
     return result
 
 

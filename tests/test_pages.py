@@ -310,13 +310,13 @@ def test_collectstatic_copies_plotly_from_the_package(tmp_path, settings):
     assert (tmp_path / "js" / "live.js").exists() and (tmp_path / "css" / "fabricpool.css").exists()
 
 
-def test_a_fabric_name_that_is_not_a_slug_still_renders(client, viewer, sample):
-    # The importer takes any --fabric name; the pages must not break on one with a space.
-    import_file(sample(LAB), "hall B", source_name=LAB)
-    assert client.get("/").status_code == 200
-    page = text(client.get("/fabric/hall%20B/"))
-    assert "Fabric hall B" in page
-    assert client.get("/fabric/hall%20B/links/?state=up").status_code == 200
+def test_a_fabric_name_that_is_not_a_slug_is_refused(client, viewer, sample):
+    # Names appear in URLs and Slurm files: the importer refuses one with a space.
+    from fabric.models import FabricNameError
+
+    with pytest.raises(FabricNameError):
+        import_file(sample(LAB), "hall B", source_name=LAB)
+    assert client.get("/fabric/hall%20B/").status_code == 404
 
 
 @pytest.mark.parametrize("text_in, stored", [

@@ -3,11 +3,11 @@ against the project's real ASGI application (config.asgi), as a browser connects
 import pytest
 from asgiref.sync import async_to_sync
 from channels.testing import WebsocketCommunicator
-from django.contrib.auth.models import User
+from django.contrib.auth.models import Group, User
 from django.test import Client, override_settings
 
 from config.asgi import application
-from core.consumers import CLOSE_UNAUTHENTICATED
+from core.consumers import CLOSE_NO_ROLE, CLOSE_UNAUTHENTICATED
 
 # Transactional: the auth middleware reads the session from another thread.
 pytestmark = [
@@ -23,10 +23,10 @@ def memory_channel_layer():
         yield
 
 
-def session_cookie(username="vera"):
-    # No role group: flushes between transactional tests drop the groups, and any
-    # logged-in user may hold the heartbeat socket.
+def session_cookie(username="vera", role="viewer"):
     user = User.objects.create_user(username, password="unused-password-1")
+    if role:
+        user.groups.add(Group.objects.get_or_create(name=role)[0])
     client = Client()
     client.force_login(user)
     return (b"cookie", f"sessionid={client.cookies['sessionid'].value}".encode())
@@ -58,6 +58,11 @@ def test_anonymous_socket_is_refused():
 def test_forged_session_cookie_is_refused():
     connected, code, _ = exchange([ORIGIN, (b"cookie", b"sessionid=not-a-real-session")])
     assert not connected and code == CLOSE_UNAUTHENTICATED
+
+
+def test_logged_in_account_without_a_role_is_refused():
+    connected, code, _ = exchange([ORIGIN, session_cookie("nobody", role=None)])
+    assert not connected and code == CLOSE_NO_ROLE
 
 
 def test_logged_in_user_connects_and_gets_hello_then_pong():

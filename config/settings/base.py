@@ -204,3 +204,6 @@ AGENT_TOKEN_SECRET = _agent_token_secret()  # empty: derived from SECRET_KEY in 
 IB_COUNTER_MIN_INTERVAL = env_float("IB_COUNTER_MIN_INTERVAL", 30.0)
 # An unattended discovery that would lose more than this share of known switches is refused.
 IB_DISCOVER_MAX_LOSS = env_float("IB_DISCOVER_MAX_LOSS", 0.5)
+ROLLUP_1M_RETENTION_DAYS = env_float("ROLLUP_1M_RETENTION_DAYS", 7.0)
+ROLLUP_1H_RETENTION_DAYS = env_float("ROLLUP_1H_RETENTION_DAYS", 90.0)
+GPU_FP64_CLASSES: dict = {}  # model word -> "high" | "low", overrides pool's built-in table
