@@ -1,5 +1,6 @@
-"""`make demo`: Redis, the database, a demo fat-tree and a demo operator, then the web
-server, the Celery worker and Celery beat in the foreground until Ctrl-C.
+"""`make demo`: Redis, the database, a demo fat-tree and a demo operator, then the
+simulated agents of its hosts, the web server, the Celery worker and Celery beat in the
+foreground until Ctrl-C. DEMO_AGENTS_PORT moves the simulator (default 9500).
 
 Run with the project's virtual environment (the Makefile does). PORT changes the web port
 (default 8000); DEMO_PASSWORD sets the demo operator's password (default: one generated
@@ -36,10 +37,12 @@ class SetupError(Exception):
     pass
 
 
-def programs(port: int) -> list[Program]:
-    """The demo's long-running programs. Add simulated agents, job generators and the
-    like here: the supervisor starts, prefixes and stops every entry the same way."""
+def programs(port: int, agents_port: int) -> list[Program]:
+    """The demo's long-running programs. Add job generators and the like here: the
+    supervisor starts, prefixes and stops every entry the same way."""
     return [
+        # One process serves a virtual agent for every host of the demo fabric.
+        Program("agents", [PYTHON, "-m", "agent", "simulate", "--fabric", "demo", "--bind", WEB_HOST, "--port", str(agents_port)]),
         Program("web", [PYTHON, "-m", "daphne", "-b", WEB_HOST, "-p", str(port), "config.asgi:application"]),
         Program("worker", [PYTHON, "-m", "celery", "-A", "config", "worker", "-l", "info", "--concurrency", "2"]),
         Program(
@@ -78,6 +81,16 @@ def web_port() -> int:
     return port
 
 
+def agents_port() -> int:
+    raw = os.environ.get("DEMO_AGENTS_PORT", "9500")
+    if not raw.isdigit() or not 0 < int(raw) < 65536:
+        raise SetupError(f"DEMO_AGENTS_PORT must be a TCP port number (1-65535), got {raw!r}")
+    port = int(raw)
+    if not port_free(WEB_HOST, port):
+        raise SetupError(f"{WEB_HOST}:{port} (simulated agents) is in use: set DEMO_AGENTS_PORT to a free port")
+    return port
+
+
 def accepts(host: str, port: int) -> bool:
     try:
         socket.create_connection((host, port), timeout=0.5).close()
@@ -111,16 +124,19 @@ def announce_when_up(supervisor: Supervisor, port: int, password: str) -> None:
 def main() -> int:
     try:
         port = web_port()
+        sim_port = agents_port()
         with ensure_redis(VAR_DIR, log=lambda m: print(f"demo: {m}", flush=True)) as redis_url:
             env = os.environ | {"REDIS_URL": redis_url, "PYTHONUNBUFFERED": "1"}
             password = demo_password()
             manage("migrate", "--noinput", env=env)
             manage(*DEMO_FABRIC, env=env)
+            # The demo's hosts answer at the simulator, one path prefix per host.
+            manage("set_agent_urls", "--fabric", "demo", "--template", f"http://{WEB_HOST}:{sim_port}/h/{{host}}", env=env)
             manage(
                 "add_user", DEMO_USER, "--role", DEMO_ROLE, "--password-env", "FABRICPOOL_DEMO_PASSWORD",
                 env=env | {"FABRICPOOL_DEMO_PASSWORD": password},
             )  # fmt: skip
-            supervisor = Supervisor(programs(port), cwd=ROOT, env=env)
+            supervisor = Supervisor(programs(port, sim_port), cwd=ROOT, env=env)
             threading.Thread(target=announce_when_up, args=(supervisor, port, password), daemon=True).start()
             return supervisor.run()
     except (SetupError, RedisUnavailable) as exc:

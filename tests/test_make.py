@@ -186,7 +186,8 @@ def redis_url_for_demo_test() -> str:
 def test_demo_serves_the_login_page_and_ctrl_c_stops_everything(tmp_path):
     port = free_port()
     env = {k: v for k, v in os.environ.items() if k not in {"DATABASE_URL", "DJANGO_SETTINGS_MODULE", "DEMO_PASSWORD"}}
-    env |= {"FABRICPOOL_VAR_DIR": str(tmp_path), "PORT": str(port), "REDIS_URL": redis_url_for_demo_test()}
+    env |= {"FABRICPOOL_VAR_DIR": str(tmp_path), "PORT": str(port), "REDIS_URL": redis_url_for_demo_test(),
+            "DEMO_AGENTS_PORT": str(free_port())}
     log = tmp_path / "demo.log"
     with log.open("w") as out:
         # Its own session, so that the test can send the "terminal's" Ctrl-C to the group.
@@ -209,13 +210,18 @@ def test_demo_serves_the_login_page_and_ctrl_c_stops_everything(tmp_path):
             assert response.status == 200
             assert b'name="password"' in response.read()
         assert "fabric demo: 12 switches, 64 adapters" in text  # the demo fabric was built
+        # A living cluster: the simulated agents answer the poll rounds.
+        while "64 ok, 0 errors" not in log.read_text():
+            assert demo.poll() is None, log.read_text()
+            assert time.monotonic() < deadline, log.read_text()
+            time.sleep(0.5)
     finally:
         if demo.poll() is None:
             os.killpg(demo.pid, signal.SIGINT)
         demo.wait(timeout=60)
     text = log.read_text()
     assert demo.returncode == 0, text
-    for name in ("web", "worker", "beat"):
+    for name in ("agents", "web", "worker", "beat"):
         assert f"supervisor | {name} exited with code 0" in text, "\n".join(text.splitlines()[-60:])
     pids = pids_in_started(text)
     assert set(pids) == {"web", "worker", "beat"}
