@@ -156,7 +156,7 @@ class Fabric:
 class Capacity:
     """Per-group capacities frozen at one moment, for "could it ever / could it have" checks."""
 
-    def __init__(self, fab: Fabric, elig: dict[int, list], free):
+    def __init__(self, fab: Fabric, elig: dict[int, list], free, ignore_health: bool = False):
         self.max_host = 0
         whole = [0] * fab.ngroups
         loose = [0] * fab.ngroups
@@ -168,7 +168,8 @@ class Capacity:
             loose[g] += n
             if n == len(ids):
                 whole[g] += n
-        self._caps = {True: Leaves(whole, fab.group_pen), False: Leaves(loose, fab.group_pen)}
+        pens = [0.0] * fab.ngroups if ignore_health else fab.group_pen
+        self._caps = {True: Leaves(whole, pens), False: Leaves(loose, pens)}
 
     def leaves(self, whole: bool) -> "Leaves":
         return self._caps[whole]

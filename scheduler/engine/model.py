@@ -130,8 +130,9 @@ class Snapshot:
     pods: Sequence[Pod] = ()
     running: Sequence[Running] = ()
     queue: Sequence[Job] = ()
-    # (tenant, pool) -> Quota. A tenant without one has no guarantee and no limit: all it
-    # runs is borrowed (reclaimable), and only from GPUs no guarantee needs.
+    # (tenant, pool) -> Quota. A tenant without one has no guarantee and no limit. In a pool
+    # where some tenant has a guarantee, all it runs there is borrowed (reclaimable) and only
+    # from GPUs no guarantee needs; in a pool without guarantees nothing is borrowed.
     quotas: Mapping[tuple, Quota] = field(default_factory=dict)
     now: float = 0.0
 

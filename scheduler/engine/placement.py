@@ -11,7 +11,7 @@ Modes
 For whole/loose jobs the leaf set is chosen in this order:
   1. fewest placement leaves: k = the smallest k whose k largest leaf capacities (GPUs on
      free whole hosts, or free GPUs) reach N; that k is also the lower bound, so k is exact;
-  2. fewest pods among leaf sets of size k (one pod if any pod's k largest leaves reach N);
+  2. fewest pods among leaf sets of size k (the fewest pods whose k largest leaves reach N);
      a job never takes more leaves to stay inside one pod (leaves first, as DESIGN.md says);
   3. lowest worst health penalty among the leaves used;
   4. least leftover: from the leaves allowed, repeatedly take the smallest leaf that still
@@ -22,10 +22,13 @@ Leaves cut off from the spines (penalty 1) only take jobs that fit inside one le
 from __future__ import annotations
 
 from bisect import bisect_left
+from itertools import combinations, islice
+from math import comb
 
 from .index import ISOLATED, Fabric, FreeIndex, Leaves
 
 SINGLE, WHOLE, LOOSE, PARTIAL = "single", "whole", "loose", "partial"
+MAX_POD_SETS = 256  # pod sets tried per size when a job must cross pods
 
 
 def choose(idx: FreeIndex, mode: str, n: int, max_leaves: int | None):
@@ -37,7 +40,7 @@ def choose(idx: FreeIndex, mode: str, n: int, max_leaves: int | None):
             return None, None
         return tuple(idx.free[h][:n]), None
     if mode == PARTIAL:
-        return _partial(idx, n), None
+        return _partial(idx, n, max_leaves), None
     whole = mode == WHOLE
     caps = idx.gwhole if whole else idx.gfree
     k = Leaves(caps, fab.group_pen).min_leaves(n)
@@ -65,18 +68,19 @@ def _leaf_set(idx: FreeIndex, caps: list[int], n: int, k: int) -> list[tuple[int
     def top(gs):
         return sum(sorted((caps[g] for g in gs), reverse=True)[:k])
 
-    one_pod = [p for p, gs in by_pod.items() if top(gs) >= n]
-    if one_pod:
-        pod_sets = [[p] for p in one_pod]
-    else:
-        # Several pods: add the pods that bring the most until k leaves can hold it.
-        pods, merged = [], []
-        for p in sorted(by_pod, key=lambda p: (-top(by_pod[p]), p)):
-            pods.append(p)
-            merged += by_pod[p]
-            if top(merged) >= n:
-                break
-        pod_sets = [pods]
+    # Fewest pods: every set of 1, 2, ... pods whose k largest leaves hold the job (up to
+    # MAX_POD_SETS sets per size; past that, the pods that bring the most, greedily).
+    pods = sorted(by_pod, key=lambda p: (-top(by_pod[p]), p))
+    pod_sets = []
+    for size in range(1, len(pods) + 1):
+        for combo in islice(combinations(pods, size), MAX_POD_SETS):
+            if top([g for p in combo for g in by_pod[p]]) >= n:
+                pod_sets.append(list(combo))
+        if pod_sets:
+            break
+        if comb(len(pods), size) > MAX_POD_SETS and top([g for p in pods[:size] for g in by_pod[p]]) >= n:
+            pod_sets.append(pods[:size])
+            break
     best = None
     for pods in pod_sets:
         gs = [g for p in pods for g in by_pod[p]]
@@ -132,9 +136,12 @@ def _from_group(idx: FreeIndex, g: int, amount: int, whole: bool) -> list:
     return out
 
 
-def _partial(idx: FreeIndex, n: int) -> tuple:
+def _partial(idx: FreeIndex, n: int, max_leaves: int | None) -> tuple:
     fab = idx.fab
-    hosts = sorted((h for h in idx.hosts if idx.hfree[h]),
+    allowed = None
+    if max_leaves is not None:  # a leaf limit still holds: the leaves with the most free
+        allowed = set(sorted(range(fab.ngroups), key=lambda g: (-idx.gfree[g], g))[:max_leaves])
+    hosts = sorted((h for h in idx.hosts if idx.hfree[h] and (allowed is None or fab.host_group[h] in allowed)),
                    key=lambda h: (idx.hfree[h], fab.group_pen[fab.host_group[h]], h))
     out = []
     for h in hosts:

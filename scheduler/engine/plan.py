@@ -76,7 +76,7 @@ class _Class:
         self.elig = fab.eligible(pool, site, kinds, healthy_only=True)
         elig_any = fab.eligible(pool, site, kinds, healthy_only=False)
         self.host_max = max((len(ids) for ids in elig_any.values()), default=0)
-        self.ever = Capacity(fab, elig_any, None)  # every matching GPU, healthy or not, all free
+        self.ever = Capacity(fab, elig_any, None, ignore_health=True)  # every matching GPU, all free
         self.healthy = Capacity(fab, self.elig, None)  # healthy ones, all free
         self.initial = Capacity(fab, self.elig, initial_free)  # as the cycle found them
         self.idx = FreeIndex(fab, self.elig, free)
@@ -225,15 +225,16 @@ class _Cycle:
             want = room
         borrowed = self._borrowed(job, used, want)
         if borrowed:
-            idle = self.pool_free.get(job.pool, 0) - (self.pool_reserve.get(job.pool, 0) - self.reserve.get(tenant_key, 0))
+            others_need = self.pool_reserve.get(job.pool, 0) - self.reserve.get(tenant_key, 0)
+            idle = self.pool_free.get(job.pool, 0) - others_need
             if want > idle:
                 own = max(0, q.guaranteed - used)
                 if not job.gang and max(idle, own) >= 1:
                     want = max(idle, own)
                 else:
-                    return pending(QUOTA, f"It would borrow {borrowed} GPUs beyond tenant {job.tenant}'s guarantee of "
-                                          f"{q.guaranteed} in pool {job.pool}, but only {max(idle, 0)} free GPUs are not "
-                                          "needed by other tenants' guarantees.")
+                    return pending(QUOTA, f"It would borrow {borrowed} GPUs beyond tenant {job.tenant}'s guarantee "
+                                          f"of {q.guaranteed} in pool {job.pool}, but only {max(idle, 0)} free GPUs "
+                                          "are not needed by other tenants' guarantees.")
 
         limit = self._active_limit(job)
         gpus, k_now = self._try(cls, mode, want, limit, held=False)
@@ -246,7 +247,7 @@ class _Cycle:
             if decision is not None:
                 return decision
         if gpus is None and not job.gang and cls.idx.total_free:
-            gpus, _ = choose(cls.idx, PARTIAL, want, None)
+            gpus, _ = choose(cls.idx, PARTIAL, want, limit)
         if gpus is not None:
             return self._placed(rank, job, cls, mode, gpus, limit)
 
@@ -263,7 +264,7 @@ class _Cycle:
             r = self.reservation
             why = ("has no estimated run time" if runtime(job) is None
                    else f"would run {duration(runtime(job))}, past that")
-            message = (f"It fits only on GPUs held for higher-priority job {r.job_id}, which starts in "
+            message = (f"It fits only on GPUs held for job {r.job_id}, ahead of it in the queue, which starts in "
                        f"{duration(r.start - self.now)}; this job {why}.")
         elif self._fits(cls.initial, mode, want, limit):
             reason = PRIORITY
@@ -432,7 +433,7 @@ class _Cycle:
                     f"{self._describe_constraints(job)} in pool {pool} has {cap.max_host}.")
         total = cap.leaves(mode == WHOLE).total if mode != SINGLE else 0
         if reason == UNHEALTHY_HOSTS:
-            return (f"It needs {n} GPUs; only {total} matching GPUs in pool {pool} are on healthy hosts "
+            return (f"It needs {n} GPUs; only {total} matching GPUs in pool {pool} are on healthy hosts and leaves "
                     f"({cls.ever.leaves(mode == WHOLE).total} in all).")
         return f"It needs {n} GPUs; pool {pool} has only {total} GPUs matching {self._describe_constraints(job)}."
 
@@ -456,12 +457,16 @@ class _Cycle:
                     f"the smallest leaf with {len(gpus)} GPUs free on {kind}.")
         else:
             pods = "one pod" if cost.pod_crossings == 0 else f"{cost.pod_crossings + 1} pods"
+            kind = "wholly free hosts" if mode == WHOLE else "free GPUs"
             text = (f"Placed on {_plural(cost.hosts, 'host')} across {cost.leaves} leaf switches "
-                    f"({', '.join(leaves)}) in {pods}; no placement could use fewer leaves now "
-                    f"(lower bound {bound}).")
+                    f"({', '.join(leaves)}) in {pods}: no leaf has {len(gpus)} GPUs on {kind} now, and "
+                    f"{cost.leaves} is the fewest leaves that do")
+            text += f" (lower bound {bound})." if bound == cost.leaves else \
+                f"; counting partly used hosts too, {bound} could."
         if cost.health_penalty > 0:
             text += f" Its leaves carry a health penalty of {cost.health_penalty:g}: no healthier room was as good."
         topo = job.topology
-        if topo is not None and limit is None and not topo.hard:
-            text += f" Its soft limit of {topo.max_leaves} leaves was dropped after waiting {duration(topo.max_wait_s)}."
+        if topo is not None and limit is None and not topo.hard and cost.leaves > topo.max_leaves:
+            text += (f" Its soft limit of {topo.max_leaves} leaves was dropped after waiting "
+                     f"{duration(topo.max_wait_s)}.")
         return text

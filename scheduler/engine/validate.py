@@ -74,10 +74,12 @@ def validate_and_cost(job: Job, gpu_ids, snapshot: Snapshot) -> Cost | list[str]
     if topo is not None and (topo.hard or snapshot.now < job.submit_time + topo.max_wait_s):
         if len(info["groups"]) > topo.max_leaves:
             kind = "hard" if topo.hard else "soft (not yet relaxed)"
-            problems.append(f"It uses {len(info['groups'])} leaf switches; the job's {kind} limit is {topo.max_leaves}.")
+            problems.append(f"It uses {len(info['groups'])} leaf switches; the job's {kind} limit is "
+                            f"{topo.max_leaves}.")
     q = snapshot.quotas.get((job.tenant, job.pool), NO_QUOTA)
     if q.limit is not None and used + count > q.limit:
-        problems.append(f"Tenant {job.tenant} would use {used + count} GPUs in pool {job.pool}, over its limit of {q.limit}.")
+        problems.append(f"Tenant {job.tenant} would use {used + count} GPUs in pool {job.pool}, over its limit of "
+                        f"{q.limit}.")
     if problems:
         return problems
     return Cost(hosts=len(info["hosts"]), leaves=len(info["groups"]), pod_crossings=len(info["pods"]) - 1,
