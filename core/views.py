@@ -17,6 +17,6 @@ def overview(request):
         "states": STATES,
         "hosts_total": sum(host_states.values()),
         "host_states": [(state, label, host_states.get(state, 0)) for state, label in Host.State.choices],
-        "gpus_total": Gpu.objects.count(),
+        "gpus_total": Gpu.objects.filter(present=True).count(),
     }
     return render(request, "core/overview.html", context)

@@ -49,8 +49,12 @@ def lab(sample):
 
 @pytest.fixture
 def filled(lab):
+    from pool.models import Host
+
     switch = lab.switches.order_by("guid").first()
-    return {"name": lab.name, "guid": switch.guid, "app_label": "fabric", "object_id": str(switch.pk), "url": "nowhere/"}
+    host = Host.objects.create(name="r-dcs96", fabric=lab)  # for /pool/hosts/<host>/
+    return {"name": lab.name, "guid": switch.guid, "app_label": "fabric", "object_id": str(switch.pk), "url": "nowhere/",
+            "host": host.name}
 
 
 def make_user(username, role, **extra):
@@ -63,7 +67,7 @@ def make_user(username, role, **extra):
 def test_the_walk_covers_the_dashboard_and_the_admin(filled):
     paths = all_paths(filled)
     for expected in ["/", "/fabric/", "/fabric/lab/", "/fabric/lab/links/", f"/fabric/lab/switches/{filled['guid']}/",
-                     "/pool/", "/scheduler/", "/login/", "/logout/", "/admin/", "/admin/fabric/switch/",
+                     "/pool/", "/pool/hosts/r-dcs96/", "/scheduler/", "/login/", "/logout/", "/admin/", "/admin/fabric/switch/",
                      f"/admin/fabric/switch/{filled['object_id']}/change/", "/admin/nowhere/"]:
         assert expected in paths
     assert len(paths) > 60

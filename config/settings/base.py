@@ -46,10 +46,11 @@ INSTALLED_APPS = [
     "channels",
     "rest_framework",
     "django_celery_beat",
-    "core",
     "fabric",
     "pool",
     "scheduler",
+    # Last: its post_migrate handler syncs the roles once every app's permissions exist.
+    "core",
 ]
 
 MIDDLEWARE = [
@@ -207,3 +208,10 @@ IB_DISCOVER_MAX_LOSS = env_float("IB_DISCOVER_MAX_LOSS", 0.5)
 ROLLUP_1M_RETENTION_DAYS = env_float("ROLLUP_1M_RETENTION_DAYS", 7.0)
 ROLLUP_1H_RETENTION_DAYS = env_float("ROLLUP_1H_RETENTION_DAYS", 90.0)
 GPU_FP64_CLASSES: dict = {}  # model word -> "high" | "low", overrides pool's built-in table
+
+# --- scheduler ----------------------------------------------------------------------------
+CYCLE_INTERVAL = env_float("CYCLE_INTERVAL", 5.0)  # seconds between allocation cycles
+PROPOSAL_TTL = env_float("PROPOSAL_TTL", 300.0)  # an undecided proposal expires after this
+USAGE_HALF_LIFE_HOURS = env_float("USAGE_HALF_LIFE_HOURS", 24.0)  # fair-share usage decay
+# A submission asks for a cycle within this many seconds; more submissions meanwhile share it.
+CYCLE_SOON_DELAY = env_float("CYCLE_SOON_DELAY", 1.0)
