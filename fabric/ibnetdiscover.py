@@ -1,9 +1,9 @@
 """Parser for the topology file that infiniband-diags' `ibnetdiscover` writes.
 
 Pure Python, no Django: bytes in, a `Topology` (nodes and de-duplicated links) out, or a
-`TopologyError` that names the line and what was expected. The grammar is rdma-core's
-`ibnetdiscover.c` (see docs/fabric.md); real captures add noise that we accept:
-stderr lines or a PuTTY banner before the header, CRLF endings, TABs stripped, blank lines
+`TopologyError` that names the line and what was expected. The grammar is what rdma-core's
+`ibnetdiscover.c` prints (out_switch, out_ca, out_switch_port, out_ca_port); real captures
+add noise that we accept: stderr lines or a PuTTY banner before the header, CRLF endings, TABs stripped, blank lines
 holding spaces, `Non-Chassis Nodes` and chassis lines from `-g`.
 
 Memory stays bounded whatever the input: lines are read with a length limit, and junk
