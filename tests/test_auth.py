@@ -49,12 +49,18 @@ def lab(sample):
 
 @pytest.fixture
 def filled(lab):
-    from pool.models import Host
+    from pool.models import Host, Pool
+    from scheduler.models import AllocationCycle, Job, Placement, Tenant
 
     switch = lab.switches.order_by("guid").first()
     host = Host.objects.create(name="r-dcs96", fabric=lab)  # for /pool/hosts/<host>/
+    # For /scheduler/jobs/<job_id>/, /scheduler/placements/<placement_id>/ and /scheduler/cycles/<cycle_id>/.
+    job = Job.objects.create(tenant=Tenant.objects.create(name="walkers"), pool=Pool.objects.create(name="walk"), gpus=1,
+                             command=["true"])
+    cycle = AllocationCycle.objects.create()
+    placement = Placement.objects.create(job=job, cycle=cycle)
     return {"name": lab.name, "guid": switch.guid, "app_label": "fabric", "object_id": str(switch.pk), "url": "nowhere/",
-            "host": host.name}
+            "host": host.name, "job_id": str(job.pk), "placement_id": str(placement.pk), "cycle_id": str(cycle.pk)}
 
 
 def make_user(username, role, **extra):
@@ -67,7 +73,11 @@ def make_user(username, role, **extra):
 def test_the_walk_covers_the_dashboard_and_the_admin(filled):
     paths = all_paths(filled)
     for expected in ["/", "/fabric/", "/fabric/lab/", "/fabric/lab/links/", f"/fabric/lab/switches/{filled['guid']}/",
-                     "/pool/", "/pool/hosts/r-dcs96/", "/scheduler/", "/login/", "/logout/", "/admin/", "/admin/fabric/switch/",
+                     "/pool/", "/pool/hosts/r-dcs96/", "/scheduler/", "/scheduler/jobs/", "/scheduler/cycles/",
+                     "/scheduler/submit/", f"/scheduler/jobs/{filled['job_id']}/",
+                     f"/scheduler/placements/{filled['placement_id']}/",
+                     f"/scheduler/placements/{filled['placement_id']}/override/",
+                     f"/scheduler/cycles/{filled['cycle_id']}/", "/login/", "/logout/", "/admin/", "/admin/fabric/switch/",
                      f"/admin/fabric/switch/{filled['object_id']}/change/", "/admin/nowhere/"]:
         assert expected in paths
     assert len(paths) > 60
