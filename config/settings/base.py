@@ -215,3 +215,11 @@ PROPOSAL_TTL = env_float("PROPOSAL_TTL", 300.0)  # an undecided proposal expires
 USAGE_HALF_LIFE_HOURS = env_float("USAGE_HALF_LIFE_HOURS", 24.0)  # fair-share usage decay
 # A submission asks for a cycle within this many seconds; more submissions meanwhile share it.
 CYCLE_SOON_DELAY = env_float("CYCLE_SOON_DELAY", 1.0)
+# Dispatch to agents: each request gives up after DISPATCH_TIMEOUT seconds; a host that did
+# not answer is tried DISPATCH_RETRIES more times, DISPATCH_BACKOFF_S doubling (2+4+8+16 s).
+DISPATCH_TIMEOUT = env_float("DISPATCH_TIMEOUT", 10.0)
+DISPATCH_RETRIES = int(env_float("DISPATCH_RETRIES", 4))
+DISPATCH_BACKOFF_S = env_float("DISPATCH_BACKOFF_S", 2.0)
+# One cycle at a time: a Redis lock that expires by itself if a worker dies mid-cycle (the
+# cycle task's hard time limit, 50 s, is below it).
+CYCLE_LOCK_TTL = env_float("CYCLE_LOCK_TTL", 60.0)

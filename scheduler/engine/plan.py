@@ -447,8 +447,8 @@ class _Cycle:
         elif mode == SINGLE:
             left = cost.fragmentation_left
             if left:
-                text = (f"Placed on {hosts[0]} ({leaves[0]}): the tightest host with room, leaving {left} "
-                        "GPUs free there, so whole hosts stay whole.")
+                text = (f"Placed on {hosts[0]} ({leaves[0]}): the tightest host with room, leaving "
+                        f"{_plural(left, 'GPU')} free there, so whole hosts stay whole.")
             else:
                 text = f"Placed on {hosts[0]} ({leaves[0]}), which it fills exactly."
         elif cost.leaves == 1:
