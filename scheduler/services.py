@@ -150,11 +150,13 @@ def _after_commit(approved_ids=(), job_ids=(), to_state="", stop_ids=()) -> None
 def _approve_now(p: Placement, actor, now, message: str) -> None:
     """Proposed -> approved (placement and job), audited; dispatch after commit."""
     name = audit.actor_name(actor)
+    # Read the job's state now: after the update below a refreshed placement reloads it as approved.
+    from_state = Job.objects.filter(pk=p.job_id).values_list("state", flat=True).get()
     Placement.objects.filter(pk=p.pk).update(
         state=Placement.State.APPROVED, decided_by=actor, decided_by_name=name, decided_at=now, expires_at=None,
         version=F("version") + 1)
     Job.objects.filter(pk=p.job_id).update(state=Job.State.APPROVED, state_changed_at=now)
-    audit.record(actor, "approve", job=p.job_id, placement=p, from_state=p.job.state, to_state=Job.State.APPROVED,
+    audit.record(actor, "approve", job=p.job_id, placement=p, from_state=from_state, to_state=Job.State.APPROVED,
                  message=message)
     _after_commit(approved_ids=[p.pk], job_ids=[p.job_id], to_state=Job.State.APPROVED)
 

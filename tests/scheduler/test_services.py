@@ -125,6 +125,8 @@ def test_override_stores_both_choices_and_is_approved(manual, tenant, operator, 
     event = AuditEvent.objects.get(action="override", refused=False)
     assert event.data["chosen_gpus"] == chosen and event.data["proposed_gpus"] == proposed
     assert state(p.job) == Job.State.APPROVED
+    approval = AuditEvent.objects.get(action="approve", refused=False)
+    assert (approval.from_state, approval.to_state) == (Job.State.PROPOSED, Job.State.APPROVED)
 
 
 def test_an_override_may_wait_for_a_second_decision(manual, tenant, operator, operator2, cluster):
