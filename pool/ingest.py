@@ -11,6 +11,9 @@ a fixed number of statements, whatever the chunk size:
 * a HostEvent for every state change, new error reason, ECC increase, GPU that joins,
   goes missing or changes, and adapter link repaired.
 
+After the commit, pool.signals.allocations_reported carries each good report's allocations
+to whoever listens (the scheduler's reconciliation).
+
 A GPU's identity is its UUID; the index may change (and the unique (host, index) pair is
 kept valid while it does).
 """
@@ -31,6 +34,7 @@ from . import bulk, states
 from .models import Gpu, GpuSample, Host, HostEvent, HostSample, fp64_class_for
 from .poller import Result
 from .services import node_guid_hex, synthetic_gpu_uuid
+from .signals import allocations_reported
 
 HOST_OK_FIELDS = [
     "state", "state_changed_at", "last_report_at", "agent_version", "missed_rounds", "last_error", "last_error_at",
@@ -96,6 +100,11 @@ def apply_results(results: list[Result]) -> IngestStats:
         return stats
     with transaction.atomic():
         _Ingest(results, stats).run()
+        reports = [(r.host_id, r.name, r.report["allocations"]) for r in results if r.ok]
+        if reports:
+            # After the outermost commit (a poll chunk's): listeners see the committed rows,
+            # and a failing listener cannot undo the ingest (robust: it is logged).
+            transaction.on_commit(lambda: allocations_reported.send(sender=Host, reports=reports), robust=True)
     return stats
 
 

@@ -1,6 +1,7 @@
-"""`make demo`: Redis, the database, a demo fat-tree and a demo operator, then the
-simulated agents of its hosts, the web server, the Celery worker and Celery beat in the
-foreground until Ctrl-C. DEMO_AGENTS_PORT moves the simulator (default 9500).
+"""`make demo`: Redis, the database, a demo fat-tree, its pool and tenants and a demo
+operator, then the simulated agents of its hosts, the web server, the Celery worker,
+Celery beat and a steady stream of jobs in the foreground until Ctrl-C. DEMO_AGENTS_PORT
+moves the simulator (default 9500).
 
 Run with the project's virtual environment (the Makefile does). PORT changes the web port
 (default 8000); DEMO_PASSWORD sets the demo operator's password (default: one generated
@@ -50,6 +51,8 @@ def programs(port: int, agents_port: int) -> list[Program]:
             [PYTHON, "-m", "celery", "-A", "config", "beat", "-l", "info",
              "--scheduler", "django_celery_beat.schedulers:DatabaseScheduler"],
         ),  # fmt: skip
+        # A steady stream of jobs sized like the Microsoft ITP trace; some wait for an operator.
+        Program("jobs", [PYTHON, "manage.py", "demo_jobs", "--pool", "demo"]),
     ]
 
 
@@ -132,6 +135,8 @@ def main() -> int:
             manage(*DEMO_FABRIC, env=env)
             # The demo's hosts answer at the simulator, one path prefix per host.
             manage("set_agent_urls", "--fabric", "demo", "--template", f"http://{WEB_HOST}:{sim_port}/h/{{host}}", env=env)
+            # Its hosts in pool "demo", three tenants with quotas, operator approval above 16 GPUs.
+            manage("demo_jobs", "--setup", "--fabric", "demo", "--pool", "demo", env=env)
             manage(
                 "add_user", DEMO_USER, "--role", DEMO_ROLE, "--password-env", "FABRICPOOL_DEMO_PASSWORD",
                 env=env | {"FABRICPOOL_DEMO_PASSWORD": password},

@@ -221,10 +221,10 @@ def test_demo_serves_the_login_page_and_ctrl_c_stops_everything(tmp_path):
         demo.wait(timeout=60)
     text = log.read_text()
     assert demo.returncode == 0, text
-    for name in ("agents", "web", "worker", "beat"):
+    for name in ("agents", "web", "worker", "beat", "jobs"):
         assert f"supervisor | {name} exited with code 0" in text, "\n".join(text.splitlines()[-60:])
     pids = pids_in_started(text)
-    assert set(pids) == {"agents", "web", "worker", "beat"}
+    assert set(pids) == {"agents", "web", "worker", "beat", "jobs"}
     assert not any(alive(pid) for pid in pids.values())
     with pytest.raises(OSError):
         urllib.request.urlopen(f"http://127.0.0.1:{port}/login/", timeout=2)
