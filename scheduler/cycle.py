@@ -282,8 +282,11 @@ def expire_proposals(now: datetime | None = None) -> list[int]:
     their jobs back in the queue. Returns the placement ids (one transaction)."""
     now = now or timezone.now()
     with transaction.atomic():
+        due = Placement.objects.filter(state=Placement.State.PROPOSED, expires_at__lte=now)
+        # Jobs first, then placements: the lock order of every decision path.
+        list(Job.objects.select_for_update().filter(pk__in=due.values("job_id")).order_by("pk").values_list("pk", flat=True))
         rows = list(Placement.objects.select_for_update().filter(
-            state=Placement.State.PROPOSED, expires_at__lte=now).order_by().values_list("id", "job_id"))
+            state=Placement.State.PROPOSED, expires_at__lte=now).order_by("pk").values_list("id", "job_id"))
         if not rows:
             return []
         ids = [pid for pid, _ in rows]

@@ -91,6 +91,11 @@ def _current(p: Placement) -> str:
 
 def _locked(placement) -> Placement:
     pk = placement.pk if isinstance(placement, Placement) else int(placement)
+    # Lock order everywhere: the job, then its placements (as cancel_job, dispatch and
+    # reconcile do), so two decisions on PostgreSQL can never deadlock.
+    job_id = Placement.objects.filter(pk=pk).values_list("job_id", flat=True).first()
+    if job_id is not None:
+        list(Job.objects.select_for_update().filter(pk=job_id).values_list("pk", flat=True))
     try:
         # Lock only the placement row (the user of a nullable join cannot be locked on PostgreSQL).
         rows = Placement.objects.select_for_update(of=("self",))
