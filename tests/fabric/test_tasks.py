@@ -264,10 +264,11 @@ def test_periodic_jobs_exist_disabled_and_the_migration_reverses():
     assert {tasks.discover_fabric.name, tasks.check_link_health.name} == {discover.task, health.task}
 
     migration = importlib.import_module("fabric.migrations.0002_discovery_schedule")
-    migration.remove_jobs(django_apps, None)
+    [operation] = migration.Migration.operations
+    operation.reverse_code(django_apps, None)
     assert not PeriodicTask.objects.filter(name__startswith="fabric: ").exists()
-    migration.create_jobs(django_apps, None)
-    migration.create_jobs(django_apps, None)  # idempotent
+    operation.code(django_apps, None)
+    operation.code(django_apps, None)  # idempotent
     assert PeriodicTask.objects.filter(name__startswith="fabric: ", enabled=False).count() == 2
 
 
