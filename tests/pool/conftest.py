@@ -1,12 +1,9 @@
 """Fixtures for the pool tests: a small registered fat tree, the agent simulator
 (agent/simulate.py) serving its hosts on a free port in a background thread, and short
 poll timeouts so that fault tests take a second, not ten."""
-import asyncio
-import threading
 import uuid
 
 import pytest
-from aiohttp import web
 
 from agent.simulate import Simulator, load_fabric_hosts, parse_hosts
 from fabric import fattree
@@ -15,40 +12,7 @@ from pool import tasks
 from pool.models import Host
 from pool.services import register_hosts_from_fabric
 from pool.tokens import agent_secret
-
-
-class RunningServer:
-    """An aiohttp app served on 127.0.0.1:<free port> from its own thread and event loop."""
-
-    def __init__(self, app: web.Application):
-        self.loop = asyncio.new_event_loop()
-        self._ready = threading.Event()
-        self._thread = threading.Thread(target=self._run, args=(app,), daemon=True)
-        self._thread.start()
-        if not self._ready.wait(10):
-            raise RuntimeError("test server did not start")
-        self.base = f"http://127.0.0.1:{self.port}"
-
-    def _run(self, app):
-        asyncio.set_event_loop(self.loop)
-        self.runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
-        self.loop.run_until_complete(self.runner.setup())
-        site = web.TCPSite(self.runner, "127.0.0.1", 0, backlog=1024)
-        self.loop.run_until_complete(site.start())
-        self.port = self.runner.addresses[0][1]
-        self._ready.set()
-        self.loop.run_forever()
-
-    def call(self, function, *args):
-        """Run function(*args) on the server's loop (the app's state lives there)."""
-        async def run():
-            return function(*args)
-        return asyncio.run_coroutine_threadsafe(run(), self.loop).result(10)
-
-    def stop(self):
-        asyncio.run_coroutine_threadsafe(self.runner.cleanup(), self.loop).result(10)
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self._thread.join(10)
+from tests.servers import RunningServer
 
 
 class RunningSimulator(RunningServer):

@@ -3,11 +3,8 @@ free port with a clock the test moves, tiny aiohttp agents that misbehave on pur
 tasks run in-process, and helpers to propose, approve and poll.
 
 Import the fixtures by name into a test module (pytest then finds them there)."""
-import asyncio
-import threading
 
 import pytest
-from aiohttp import web
 from celery.signals import task_failure
 
 from agent.simulate import Simulator, load_fabric_hosts
@@ -17,6 +14,8 @@ from pool.models import Gpu, Host
 from pool.tokens import agent_secret
 from scheduler import services
 from scheduler.models import Job, Placement, PlacementGpu
+
+from tests.servers import RunningServer
 
 from .conftest import build_cluster
 
@@ -32,39 +31,6 @@ class Clock:
 
     def advance(self, seconds: float) -> None:
         self.now += seconds
-
-
-class RunningServer:
-    """An aiohttp app on 127.0.0.1:<free port>, served from its own thread and event loop."""
-
-    def __init__(self, app: web.Application):
-        self.loop = asyncio.new_event_loop()
-        self._ready = threading.Event()
-        self._thread = threading.Thread(target=self._run, args=(app,), daemon=True)
-        self._thread.start()
-        if not self._ready.wait(10):
-            raise RuntimeError("test server did not start")
-        self.base = f"http://127.0.0.1:{self.port}"
-
-    def _run(self, app):
-        asyncio.set_event_loop(self.loop)
-        self.runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
-        self.loop.run_until_complete(self.runner.setup())
-        self.loop.run_until_complete(web.TCPSite(self.runner, "127.0.0.1", 0).start())
-        self.port = self.runner.addresses[0][1]
-        self._ready.set()
-        self.loop.run_forever()
-
-    def call(self, function, *args):
-        """Run function(*args) on the server's loop, where the app's state lives."""
-        async def run():
-            return function(*args)
-        return asyncio.run_coroutine_threadsafe(run(), self.loop).result(10)
-
-    def stop(self):
-        asyncio.run_coroutine_threadsafe(self.runner.cleanup(), self.loop).result(10)
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self._thread.join(10)
 
 
 class RunningSimulator(RunningServer):
