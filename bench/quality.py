@@ -2,7 +2,8 @@
 placement ("slurm_tree") on the same fabric and the same job sequence, plus the engine
 against an exact solver (scipy's MILP) on small fragmented cases.
 
-    python -m bench.quality [--jobmix FILE.csv --topology topology.conf] [--cases 200] [--seed 1]
+    python -m bench.quality [--jobmix FILE.csv --topology topology.conf] [--load 0.9] [--window 0]
+                            [--cases 200] [--seed 1]
 
 Every policy follows the same rules: a job of up to 8 GPUs takes one host, a larger one
 ceil(N/8) wholly free hosts; the queue is walked in order and every job that fits starts
@@ -14,8 +15,11 @@ queued (priority, then submit order) and the policy fills the cluster in one pas
 twice 30 % of the running jobs stop (the lowest sha1(f"{seed}:{round}:{job_id}")) and the
 policy refills from the queue.
 Without: a replay of the first 3,000 jobs of the ITP cluster04 trace (sizes, run times and
-arrival order; arrivals compressed to an offered load of 90 %) on a 3-tier fabric of 2 pods
-x 4 leaves x 16 hosts x 8 GPUs, a scheduling pass every 600 s of trace time.
+arrival order; arrivals compressed to an offered load of 90 %, --load) on a 3-tier fabric of
+2 pods x 4 leaves x 16 hosts x 8 GPUs, a scheduling pass every 600 s of trace time. --window K
+replays the (K + 1)-th 3,000 jobs instead (K = 0-4): one window's fragmentation figures move by
+a GPU or two with any change of placement, and which policy leads changes from window to
+window, so compare policies over all five before reading anything into a difference that size.
 
 Policies
   fabricpool  scheduler.engine.plan on a snapshot of the cluster (the real engine).
@@ -293,10 +297,14 @@ class ReplayJob(QJob):
     duration: float = 0.0
 
 
-def replay_jobs(count: int, cluster: Cluster, load: float) -> tuple[list[ReplayJob], float]:
-    """The first `count` ITP jobs in submission order, arrivals compressed so that the
-    offered load is `load` x the cluster's GPUs (run times unchanged)."""
-    trace = itp_jobs()[:count]
+def replay_jobs(count: int, cluster: Cluster, load: float, window: int = 0) -> tuple[list[ReplayJob], float]:
+    """ITP jobs `count` x window onwards (`count` of them) in submission order, arrivals
+    compressed so that the offered load is `load` x the cluster's GPUs (run times unchanged)."""
+    everything = itp_jobs()
+    trace = everything[count * window:count * (window + 1)]
+    if len(trace) < count:
+        raise DataError(f"the ITP trace has {len(everything)} jobs: no window {window} of {count} "
+                        f"(windows 0-{len(everything) // count - 1})")
     t0 = trace[0].submit
     span = trace[-1].submit - t0
     offered = sum(t.duration * t.gpus for t in trace) / span
@@ -426,11 +434,19 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.quality", description=__doc__.split("\n\n")[0])
     parser.add_argument("--jobmix", help="CSV job_id,gpus,priority,submit_order (slurm-peer format)")
     parser.add_argument("--topology", help="Slurm topology.conf (tree format) for --jobmix")
+    parser.add_argument("--load", type=float, default=REPLAY["load"],
+                        help=f"replay: offered load as a share of the GPUs (default {REPLAY['load']})")
+    parser.add_argument("--window", type=int, default=0,
+                        help=f"replay: ITP jobs {REPLAY['jobs']} x WINDOW onwards (default 0)")
     parser.add_argument("--cases", type=int, default=200, help="exact-solver cases (default 200)")
     parser.add_argument("--seed", type=int, default=1)
     args = parser.parse_args(argv)
     if bool(args.jobmix) != bool(args.topology):
         parser.error("--jobmix and --topology go together")
+    if not 0 < args.load <= 10:
+        parser.error(f"--load must be above 0 and at most 10, not {args.load}")
+    if args.window < 0:
+        parser.error(f"--window must be 0 or more, not {args.window}")
     try:
         if args.jobmix:
             cluster = read_topology_conf(args.topology)
@@ -440,9 +456,10 @@ def main(argv=None) -> int:
             policies = {name: run_protocol(cluster, jobs, name, args.seed) for name in POLICIES}
         else:
             cluster = fat_tree(leaves=8, hosts_per_leaf=16, pods=2)
-            jobs, factor = replay_jobs(REPLAY["jobs"], cluster, REPLAY["load"])
-            workload = {"protocol": f"replay of the first {REPLAY['jobs']} ITP cluster04 jobs, arrivals "
-                                    f"{factor:.2f}x faster (offered load {REPLAY['load']:.0%}), a cycle every "
+            jobs, factor = replay_jobs(REPLAY["jobs"], cluster, args.load, args.window)
+            first = REPLAY["jobs"] * args.window
+            workload = {"protocol": f"replay of ITP cluster04 jobs {first}-{first + len(jobs) - 1}, arrivals "
+                                    f"{factor:.2f}x faster (offered load {args.load:.0%}), a cycle every "
                                     f"{REPLAY['cycle_s']:.0f} s",
                         "fabric": "3-tier: 2 pods x 4 leaves x 16 hosts x 8 GPUs"}
             policies = {name: run_replay(cluster, jobs, name, REPLAY["cycle_s"]) for name in POLICIES}

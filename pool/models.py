@@ -162,6 +162,9 @@ class Gpu(models.Model):
     numa_node = models.IntegerField(null=True, blank=True)
     pci_bus_id = models.CharField(max_length=40, blank=True)
     present = models.BooleanField(default=True, help_text="False when the host's latest report did not list it.")
+    # Work the scheduler does not know (started by hand, another scheduler) was reported on
+    # it: the scheduler offers it to no job until then (scheduler.reconcile sets it on each report).
+    foreign_busy_until = models.DateTimeField(null=True, blank=True, editable=False)
 
     # Current values from the latest report.
     utilization = models.FloatField(null=True, blank=True)

@@ -23,6 +23,11 @@ dispatch_placement(placement_id), a Celery task sent after the approval commits
 A request that can never be valid (a job without a command) fails the job instead: sending
 it back to the queue would only fail again.
 
+resend_stuck(), at the start of every allocation cycle task: placements approved more than
+DISPATCH_STALE_S ago that never started dispatching (the broker was away when the approval
+committed), and placements dispatching that long with no dispatch activity (the worker died
+mid-dispatch), are sent again, audited ("dispatch_resend").
+
 stop_placement(placement_id, hosts=None): DELETE on each host (after a cancel, or to stop
 work that runs for a placement that has ended); retried like dispatch. 404 is fine: the
 agent has nothing by that id. ack_allocations: POST .../ack for finished work whose end
@@ -36,12 +41,13 @@ import logging
 import re
 from collections import defaultdict
 from dataclasses import dataclass
+from datetime import timedelta
 
 import aiohttp
 from celery import shared_task
 from django.conf import settings
 from django.db import transaction
-from django.db.models import F
+from django.db.models import F, Q
 from django.utils import timezone
 
 from agent.protocol import ALLOCATION_ID, ALLOCATION_SCHEMA, ProtocolError, parse_allocation_request
@@ -51,7 +57,7 @@ from pool.tokens import token_for
 
 from . import signals
 from .audit import SYSTEM, record
-from .models import Job, Placement, PlacementGpu
+from .models import AuditEvent, Job, Placement, PlacementGpu
 
 log = logging.getLogger(__name__)
 
@@ -287,12 +293,17 @@ def fail(placement_id: int, message: str, *, job_state: str = Job.State.PENDING,
         before = job.state
         if job.state in (Job.State.APPROVED, Job.State.DISPATCHING):
             if job_state == Job.State.PENDING:
+                # Held back a while (scheduler.snapshot), so that the next cycle does not pick
+                # the same refusing GPUs again at once.
+                retry_at = (now + timedelta(seconds=failed_backoff())).replace(microsecond=0)
+                waits = f"{message} (retry after {timezone.localtime(retry_at):%H:%M:%S})"
                 Job.objects.filter(pk=job.pk).update(state=Job.State.PENDING, state_changed_at=now,
-                                                     pending_reason=DISPATCH_FAILED, pending_message=message[:2000],
-                                                     expected_start=None)
+                                                     pending_reason=DISPATCH_FAILED, pending_message=waits[:2000],
+                                                     expected_start=retry_at, message=message[:2000])
             else:
                 Job.objects.filter(pk=job.pk).update(state=job_state, state_changed_at=now, finished_at=now,
-                                                     pending_reason="", pending_message=message[:2000])
+                                                     pending_reason="", pending_message="", expected_start=None,
+                                                     message=message[:2000])
             _announce([job.pk], job_state)
         else:
             job_state = before  # cancelled meanwhile: it stays so
@@ -302,6 +313,11 @@ def fail(placement_id: int, message: str, *, job_state: str = Job.State.PENDING,
 
 
 # -- the tasks ------------------------------------------------------------------------------------------
+
+def failed_backoff() -> float:
+    """Seconds a job whose dispatch failed sits out before the cycles consider it again."""
+    return max(0.0, float(getattr(settings, "DISPATCH_FAILED_BACKOFF_S", 60.0)))
+
 
 def retries() -> int:
     return max(0, int(settings.DISPATCH_RETRIES))
@@ -397,6 +413,59 @@ def stop(placement_id: int, hosts: list[str] | None = None) -> list[Answer]:
 
         stopped_without_agent(placement_id, absent, "not on the agent when the stop arrived (it never started there)")
     return [a for a in answers if a.transient]
+
+
+# -- stuck placements -----------------------------------------------------------------------------
+
+# What counts as dispatch activity on a placement (each attempt and each re-send is audited).
+DISPATCH_ACTIVITY = ("approve", "dispatch", "dispatch_retry", "dispatched", "dispatch_resend")
+
+
+def stale_after() -> timedelta:
+    return timedelta(seconds=max(1.0, float(getattr(settings, "DISPATCH_STALE_S", 60.0))))
+
+
+def resend_stuck(now=None) -> list[int]:
+    """Send dispatch again for placements stuck on the way to their agents: approved more
+    than DISPATCH_STALE_S ago and never sent (the broker was away when the approval
+    committed), or dispatching with no dispatch activity for that long (the worker died
+    mid-dispatch and the broker holds the message for its visibility timeout). The agents
+    answer a repeated request with 200 and start nothing twice. Each re-send is audited,
+    and counts as activity: a placement is re-sent at most once per DISPATCH_STALE_S.
+    Returns the placement ids sent again."""
+    now = now or timezone.now()
+    cutoff = now - stale_after()
+    candidates = dict(Placement.objects.filter(
+        Q(state=Placement.State.APPROVED) & (Q(decided_at__lte=cutoff) | Q(decided_at__isnull=True,
+                                                                          created_at__lte=cutoff))
+        | Q(state=Placement.State.DISPATCHING, dispatched_at__lte=cutoff),
+        stop_requested_at__isnull=True).order_by("pk").values_list("id", "state"))
+    if not candidates:
+        return []
+    recent = set(AuditEvent.objects.filter(placement_id__in=list(candidates), action__in=DISPATCH_ACTIVITY,
+                                           created_at__gt=cutoff).values_list("placement_id", flat=True))
+    stuck = {pid: state for pid, state in candidates.items() if pid not in recent}
+    if not stuck:
+        return []
+    ids = sorted(stuck)
+    seconds = int(stale_after().total_seconds())
+    jobs = dict(Placement.objects.filter(pk__in=ids).values_list("id", "job_id"))
+    events = AuditEvent.objects.bulk_create([AuditEvent(
+        created_at=now, actor=SYSTEM, action="dispatch_resend", job_id=jobs.get(pid), placement_id=pid,
+        message=(f"approved over {seconds} s ago and never sent to its agents" if state == Placement.State.APPROVED
+                 else f"dispatching for over {seconds} s with no sign of its dispatch") + ": sending it again",
+        data={"state": state}) for pid, state in stuck.items()])
+    failures = [r for _, r in signals.placements_approved.send_robust(sender=Placement, placement_ids=ids)
+                if isinstance(r, Exception)]
+    if failures:
+        # The broker is still away: the event says so, and the next try is DISPATCH_STALE_S later.
+        for event in events:
+            AuditEvent.objects.filter(pk=event.pk).update(
+                message=f"{event.message}, but it could not be queued ({failures[0]}); trying again in {seconds} s")
+        log.error("could not queue %s stuck placements again: %s", len(ids), failures[0])
+    else:
+        log.warning("%s placements stuck on their way to the agents sent again: %s", len(ids), ids[:20])
+    return ids
 
 
 @shared_task(bind=True, name="scheduler.stop_placement", acks_late=True, ignore_result=True,

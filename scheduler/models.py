@@ -144,6 +144,10 @@ class Job(models.Model):
     pending_reason = models.CharField(max_length=40, blank=True)
     pending_message = models.TextField(blank=True)
     expected_start = models.DateTimeField(null=True, blank=True)
+    # How it ended: the exit code its agents reported (a failing host's, else 0 when every
+    # host succeeded) and why it failed, was cancelled or ended, for people.
+    exit_code = models.IntegerField(null=True, blank=True)
+    message = models.TextField(blank=True, help_text="Why it failed, was cancelled or ended.")
 
     class Meta:
         ordering = ["-created_at", "-id"]

@@ -27,7 +27,9 @@ locks the placements it changes and re-reads those events under the lock.
   POST that arrived after a failed dispatch) is stopped again; so is work of a cancelled
   job still running STOP_RESEND_AFTER seconds after the stop was asked for.
 * allocations no placement knows (not "p<n>", no such placement, a host that is not part
-  of it, or one never dispatched): one "unknown_allocation" audit event per host and id.
+  of it, or one never dispatched): one "unknown_allocation" audit event per host and id;
+  while such work runs, its GPUs are not offered to jobs (pool.Gpu.foreign_busy_until,
+  renewed for FOREIGN_BUSY_S by each report that shows it).
 """
 from __future__ import annotations
 
@@ -36,9 +38,12 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import timedelta
 
+from django.conf import settings
 from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
+
+from pool.models import Gpu
 
 from . import signals
 from .audit import SYSTEM
@@ -116,6 +121,7 @@ def apply_reports(reports, *, ack: bool = True) -> Stats:
             _apply(candidates, now, stats, acks, stops, unknown)
         if unknown:
             _unknown(unknown, now, stats)
+            _foreign_busy(unknown, now)
         transaction.on_commit(lambda: _after(acks if ack else [], stops, stats.job_changes))
     stats.acks = len(acks) if ack else 0
     stats.stops = sum(len(h) for h in stops.values())
@@ -203,8 +209,10 @@ def _placement(p: Placement, job: Job, mine: dict, reports: list[_Report], seen:
         stats.running += 1
         before = job.state
         if job.state in (Job.State.APPROVED, Job.State.DISPATCHING):
+            # An earlier failed dispatch's message is history now (the audit log keeps it).
             Job.objects.filter(pk=job.pk).update(state=Job.State.RUNNING, state_changed_at=now, started_at=now,
-                                                 pending_reason="", pending_message="", expected_start=None)
+                                                 pending_reason="", pending_message="", expected_start=None,
+                                                 message="", exit_code=None)
             stats.job_changes.setdefault(Job.State.RUNNING, []).append(job.pk)
             job.state = Job.State.RUNNING
         hosts = ", ".join(sorted(mine.values()))
@@ -240,12 +248,15 @@ def _end(p: Placement, job: Job, ends: list[dict], now, stats: Stats, events: li
         message = f"{first['host']}: {_describe(first)}"
         if first["state"] == "stopped":
             message += " (not stopped by the scheduler)"
+        exit_code = first.get("exit_code")
     elif all(d["state"] == "succeeded" for d in ends):
         state, job_state = Placement.State.FINISHED, Job.State.SUCCEEDED
         message = "succeeded" + (" on every host" if len(ends) > 1 else "") + " (exit code 0)"
+        exit_code = 0
     else:
         state, job_state = Placement.State.CANCELLED, Job.State.CANCELLED
         message = p.message or "stopped after the job was cancelled"
+        exit_code = next((d.get("exit_code") for d in ends if d.get("exit_code") is not None), None)
     Placement.objects.filter(pk=p.pk).update(state=state, finished_at=now, started_at=p.started_at or now,
                                              message=message[:2000], version=F("version") + 1)
     PlacementGpu.objects.filter(placement_id=p.pk, active=True).update(active=False)
@@ -253,12 +264,13 @@ def _end(p: Placement, job: Job, ends: list[dict], now, stats: Stats, events: li
     before = job.state
     if job.state in (Job.State.APPROVED, Job.State.DISPATCHING, Job.State.RUNNING):
         Job.objects.filter(pk=job.pk).update(state=job_state, state_changed_at=now, finished_at=now,
-                                             started_at=job.started_at or now, pending_reason="",
-                                             pending_message="" if job_state != Job.State.FAILED else message[:2000],
-                                             expected_start=None)
+                                             started_at=job.started_at or now, pending_reason="", pending_message="",
+                                             expected_start=None, exit_code=exit_code, message=message[:2000])
         stats.job_changes.setdefault(job_state, []).append(job.pk)
     else:
-        job_state = before  # cancelled before it ended: it stays so
+        job_state = before  # cancelled before it ended: it stays so, with the cancel's message
+        if exit_code is not None:  # what its work's end says still counts
+            Job.objects.filter(pk=job.pk, exit_code__isnull=True).update(exit_code=exit_code)
     action = {Placement.State.FINISHED: "succeed", Placement.State.FAILED: "fail"}.get(state, "stopped")
     events.append(_event(now, action, job, p, message, {"exit_codes": codes}, before, job_state))
 
@@ -287,6 +299,17 @@ def _unknown(reports: list[_Report], now, stats: Stats) -> None:
     stats.unknown = len(new)
     if new:
         log.warning("%s allocations reported that no placement holds, e.g. %s", len(new), new[0].message)
+
+
+def _foreign_busy(reports: list[_Report], now) -> None:
+    """GPUs that running work nobody here knows uses are not offered to jobs for
+    FOREIGN_BUSY_S (scheduler.snapshot); each report that still shows the work renews it,
+    and once the work is gone the hold runs out by itself."""
+    until = now + timedelta(seconds=float(getattr(settings, "FOREIGN_BUSY_S", 60.0)))
+    hosts = {r.host_id for r in reports if r.alloc["state"] in STARTED}
+    uuids = {u for r in reports if r.alloc["state"] in STARTED for u in (r.alloc.get("gpus") or []) if u}
+    if uuids:
+        Gpu.objects.filter(host_id__in=hosts, uuid__in=uuids).update(foreign_busy_until=until)
 
 
 def _after(acks: list, stops: dict[int, set[str]], job_changes: dict) -> None:

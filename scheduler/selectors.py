@@ -61,7 +61,7 @@ ACTIVE_JOB_STATES = (Job.State.PENDING, Job.State.PREEMPTED, Job.State.PROPOSED,
 QUEUED_STATES = (Job.State.PENDING, Job.State.PREEMPTED)  # what the engine queues
 RUNNING_PLACEMENT_STATES = (Placement.State.APPROVED, Placement.State.DISPATCHING, Placement.State.RUNNING)
 JOB_LIST_FIELDS = ("id", "name", "tenant__name", "pool__name", "gpus", "priority", "state", "state_changed_at",
-                   "created_at", "started_at", "finished_at", "pending_reason", "pending_message", "expected_start")
+                   "created_at", "started_at", "finished_at", "pending_reason", "pending_message", "expected_start", "exit_code", "message")
 
 
 def reason_label(code: str) -> str:
@@ -223,7 +223,9 @@ def pool_gpu_choices(placement: Placement) -> list[dict]:
     each marked free, busy (in another active placement, with its job) or unavailable (the
     host offers nothing now), and chosen when in this placement. Four queries."""
     pool_id = placement.job.pool_id
-    gpus = list(Gpu.objects.filter(host__pool_id=pool_id).values(*GPU_FIELDS, "host__state", "host__agent_kind"))
+    gpus = list(Gpu.objects.filter(host__pool_id=pool_id).values(*GPU_FIELDS, "host__state", "host__agent_kind",
+                                                                 "foreign_busy_until"))
+    now = timezone.now()
     ids = [g["id"] for g in gpus]
     taken = {gpu_id: (placement_id, job_id) for gpu_id, placement_id, job_id in
              PlacementGpu.objects.filter(gpu_id__in=ids, active=True)
@@ -237,6 +239,8 @@ def pool_gpu_choices(placement: Placement) -> list[dict]:
             gpu["status"], gpu["job_id"] = "busy", holder[1]
         elif not gpu["present"] or not offers:
             gpu["status"] = "unavailable"
+        elif gpu["foreign_busy_until"] is not None and gpu["foreign_busy_until"] > now:
+            gpu["status"] = "used by work the scheduler does not know"  # scheduler.reconcile saw it
         else:
             gpu["status"] = "free"
         gpu["status_class"] = {"free": "state-up", "busy": "state-degraded"}.get(gpu["status"], "state-missing")

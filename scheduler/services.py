@@ -300,7 +300,7 @@ def cancel_job(job, actor) -> Job:
                                                              version=F("version") + 1)
                     stop.append(p.pk)
             Job.objects.filter(pk=pk).update(state=Job.State.CANCELLED, state_changed_at=now, finished_at=now,
-                                             expected_start=None)
+                                             expected_start=None, message=f"cancelled by {name}")
             audit.record(actor, "cancel", job=j, from_state=j.state, to_state=Job.State.CANCELLED,
                          message=f"cancelled by {name}" + (" (its running work is being stopped)" if stop else ""))
             _after_commit(job_ids=[pk], to_state=Job.State.CANCELLED, stop_ids=stop)

@@ -17,8 +17,12 @@ What counts:
   a 2-tier fabric is one pod.
 * Running: every active placement (proposed, approved, dispatching, running) with its
   expected end: started_at (or now, not started yet) + estimated run time (else maximum).
-* Queue: pending and preempted jobs. Engine ids: job and GPU primary keys; pools and
-  tenants by name (the engine's sentences name them).
+* GPUs that agents report busy with work the scheduler does not know (pool.Gpu
+  .foreign_busy_until, set by scheduler.reconcile) are not free.
+* Queue: pending and preempted jobs, except those whose dispatch failed less than
+  DISPATCH_FAILED_BACKOFF_S ago (their pending reason says when they are tried again).
+  Engine ids: job and GPU primary keys; pools and tenants by name (the engine's sentences
+  name them).
 Hosts, GPUs and jobs come in primary-key order, so that the engine's ties break the same
 way every time; other queries skip the models' default ordering (sorts and joins it would cost).
 """
@@ -37,6 +41,7 @@ from fabric.models import Link, Switch
 from pool.models import Gpu, Host
 
 from . import engine
+from .dispatch import DISPATCH_FAILED
 from .models import Job, Placement, PlacementGpu, PoolPolicy, Tenant, TenantQuota
 
 QUEUED_STATES = (Job.State.PENDING, Job.State.PREEMPTED)
@@ -122,8 +127,9 @@ def take(now: datetime | None = None, *, with_queue: bool = True) -> Taken:
     pooled = Q(pool__isnull=False, agent_kind=Host.AgentKind.FABRICPOOL)
     host_fields = ("id", "name", "pool_id", "pool__name", "site__name", "state", "fabric_id")
     host_rows = list(Host.objects.filter(pooled).order_by("id").values_list(*host_fields))
+    gpu_fields = ("id", "host_id", "index", "model", "memory_mib", "fp64_class", "present", "foreign_busy_until")
     gpu_rows = [row for row in Gpu.objects.filter(host__pool__isnull=False, host__agent_kind=Host.AgentKind.FABRICPOOL)
-                .order_by("id").values_list("id", "host_id", "index", "model", "memory_mib", "fp64_class", "present")
+                .order_by("id").values_list(*gpu_fields)
                 if row[6] or row[0] in held_gpus]
     queries += 2
     known_hosts = {row[0] for row in host_rows}
@@ -135,8 +141,7 @@ def take(now: datetime | None = None, *, with_queue: bool = True) -> Taken:
         queries += 1
     missing_gpus = held_gpus - known_gpus
     if missing_gpus:
-        gpu_rows += list(Gpu.objects.filter(id__in=missing_gpus).order_by().values_list(
-            "id", "host_id", "index", "model", "memory_mib", "fp64_class", "present"))
+        gpu_rows += list(Gpu.objects.filter(id__in=missing_gpus).order_by().values_list(*gpu_fields))
         queries += 1
 
     host_ids = [row[0] for row in host_rows]
@@ -156,8 +161,9 @@ def take(now: datetime | None = None, *, with_queue: bool = True) -> Taken:
                                  site=site or "", healthy=healthy))
     gpus = []
     free_count = 0
-    for gid, hid, index, model, memory, fp64, present in gpu_rows:
-        free = present and hid in offering and gid not in held_gpus
+    for gid, hid, index, model, memory, fp64, present, foreign_until in gpu_rows:
+        foreign = foreign_until is not None and foreign_until > now  # work we do not know uses it
+        free = present and hid in offering and gid not in held_gpus and not foreign
         free_count += free
         gpus.append(engine.Gpu(id=gid, host=hid, index=index, model=model, memory_mib=memory, fp64=fp64, free=free,
                                healthy=bool(present)))
@@ -196,7 +202,10 @@ def take(now: datetime | None = None, *, with_queue: bool = True) -> Taken:
 
     queue, pending = [], {}
     if with_queue:
-        rows = Job.objects.filter(state__in=QUEUED_STATES).order_by("id").values_list(
+        # A job whose dispatch just failed sits out until its retry time (expected_start), so
+        # that the next cycle does not pick the same refusing GPUs again at once.
+        held_back = Q(pending_reason=DISPATCH_FAILED, expected_start__gt=now)
+        rows = Job.objects.filter(state__in=QUEUED_STATES).exclude(held_back).order_by("id").values_list(
             "id", "tenant_id", "pool_id", "pool__name", "gpus", "gpu_models", "min_memory_mib", "fp64", "site",
             "task_class", "priority", "gang", "whole_hosts", "estimated_runtime_s", "max_runtime_s", "max_leaves",
             "topology_hard", "max_wait_s", "created_at", "state", "pending_reason", "pending_message",

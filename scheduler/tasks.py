@@ -3,6 +3,9 @@ by migration 0002_schedule); a job submission asks for one soon (request_cycle_s
 submissions close together share that one: a short-lived Redis key marks a cycle as
 already asked for.
 
+Each cycle task first sends dispatch again for placements stuck on the way to their agents
+(scheduler.dispatch.resend_stuck).
+
 The cycle's own lock (scheduler.cycle) keeps cycles from overlapping; its time limit is
 below the lock's TTL, so a hung cycle is killed before another may start.
 """
@@ -15,7 +18,7 @@ from celery import shared_task
 from django.conf import settings
 from kombu.exceptions import OperationalError
 
-from . import cycle
+from . import cycle, dispatch
 
 log = logging.getLogger(__name__)
 
@@ -24,6 +27,11 @@ SOON_PREFIX = "fabricpool:scheduler:cycle-soon"
 
 @shared_task(name="scheduler.tasks.allocation_cycle", ignore_result=True, soft_time_limit=40, time_limit=50)
 def allocation_cycle() -> dict:
+    # Placements stuck on the way to their agents first; a failure here never stops the cycle.
+    try:
+        dispatch.resend_stuck()
+    except Exception:  # noqa: BLE001
+        log.exception("could not look for placements stuck in dispatch; the next cycle tries again")
     return cycle.run_cycle().as_dict()
 
 

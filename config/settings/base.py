@@ -223,3 +223,12 @@ DISPATCH_BACKOFF_S = env_float("DISPATCH_BACKOFF_S", 2.0)
 # One cycle at a time: a Redis lock that expires by itself if a worker dies mid-cycle (the
 # cycle task's hard time limit, 50 s, is below it).
 CYCLE_LOCK_TTL = env_float("CYCLE_LOCK_TTL", 60.0)
+# A placement approved this long ago and never sent (the broker was away when its approval
+# committed), or dispatching this long with no dispatch activity (its worker died), is sent
+# again by the allocation cycle task (dispatch is idempotent on the agents).
+DISPATCH_STALE_S = env_float("DISPATCH_STALE_S", 60.0)
+# A job whose dispatch failed waits this long before cycles consider it again.
+DISPATCH_FAILED_BACKOFF_S = env_float("DISPATCH_FAILED_BACKOFF_S", 60.0)
+# A GPU reported busy with work the scheduler does not know is offered to no job for this
+# long after each such report (longer than POLL_INTERVAL, so it stays held between polls).
+FOREIGN_BUSY_S = env_float("FOREIGN_BUSY_S", 60.0)

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 
-from .index import Capacity, Fabric, FreeIndex
+from .index import Capacity, Fabric, FreeIndex, Leaves
 from .model import (CONSTRAINTS, PRIORITY, QUOTA, RESERVED, RESOURCES, TOPOLOGY_WAIT, UNHEALTHY_HOSTS, Decision,
                     Cost, Job, Plan, Quota, Reservation, Snapshot, SnapshotError)
 from .placement import LOOSE, PARTIAL, SINGLE, WHOLE, choose, describe
@@ -248,6 +248,8 @@ class _Cycle:
                 return decision
         if gpus is None and not job.gang and cls.idx.total_free:
             gpus, _ = choose(cls.idx, PARTIAL, want, limit)
+            if gpus is not None:
+                return self._placed(rank, job, cls, PARTIAL, gpus, limit)
         if gpus is not None:
             return self._placed(rank, job, cls, mode, gpus, limit)
 
@@ -343,6 +345,8 @@ class _Cycle:
         # Lower bound before taking: the fewest leaves any placement could use now.
         if mode == SINGLE:
             bound = 1
+        elif mode == PARTIAL:  # a non-gang job may also use leaves cut off from the spines
+            bound = Leaves(cls.idx.gfree, [0.0] * fab.ngroups).min_leaves(len(gpus)) or 1
         else:
             bound = cls.idx.leaves(False).min_leaves(len(gpus)) or 1
         self._take(gpus)

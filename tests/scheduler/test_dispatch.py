@@ -100,7 +100,7 @@ def test_a_host_that_refuses_fails_the_placement_and_the_job_waits_again(
     assert job.state == Job.State.PENDING and job.pending_reason == "dispatch_failed"
     assert job.pending_message.startswith("dispatch failed: gpu0002 answered 409: gpus[1]: GPU GPU-")
     assert "is in use by allocation someone-else" in job.pending_message
-    assert placement.message == job.pending_message
+    assert placement.message == job.message and job.pending_message.startswith(job.message + " (retry after ")
     # gpu0001 had started its part: it was stopped.
     started = simulator.allocation("gpu0001", f"p{placement.pk}")
     assert started is not None and started.stop_at is not None
@@ -182,7 +182,8 @@ def test_an_agent_that_never_answers_fails_the_placement_after_the_retries(
     assert len(agent.bodies) == 3  # DISPATCH_RETRIES = 2 in these tests
     assert placement.state == Placement.State.FAILED and active_gpus(placement) == 0
     assert job.state == Job.State.PENDING
-    assert job.pending_message == "dispatch failed: gpu0001: no answer within 0.5 s after 3 attempts"
+    assert job.message == "dispatch failed: gpu0001: no answer within 0.5 s after 3 attempts"
+    assert job.pending_message.startswith(job.message + " (retry after ")
     assert agent.deletes == [f"p{placement.pk}"]  # in case one of the requests got through after all
 
 
@@ -194,7 +195,8 @@ def test_a_host_without_an_agent_fails_the_job_for_good(small_cluster, tenant, o
     job.refresh_from_db()
     assert placement.state == Placement.State.FAILED
     assert job.state == Job.State.FAILED  # back in the queue it would only fail again
-    assert job.pending_message == "cannot be dispatched: host gpu0001 has no FabricPool agent to start work"
+    assert job.message == "cannot be dispatched: host gpu0001 has no FabricPool agent to start work"
+    assert job.pending_message == ""
 
 
 def test_dispatching_twice_starts_nothing_twice_and_later_states_are_left_alone(

@@ -412,3 +412,16 @@ def test_engine_imports_no_django():
     code = "import sys, scheduler.engine; print(any(m.split('.')[0] == 'django' for m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_a_partial_placement_on_a_cut_off_leaf_reports_a_true_lower_bound():
+    # Found by the hypothesis test: a non-gang job with a hard 2-leaf limit starts on the
+    # cut-off leaf (8 free) plus one other leaf (4 free); its lower bound must count the
+    # cut-off leaf too, so it never claims that more leaves than it uses were needed.
+    snapshot = build([[1, 1, 1, 1]], free={0: 8, 1: 4, 2: 4, 3: 4}, penalty={0: 1.0},
+                     queue=[job(1, 12, gang=False, whole_hosts=False, topology=TopologyRequirement(max_leaves=2))])
+    d = one(snapshot)
+    assert d.placed
+    assert len(d.leaves) <= 2
+    assert d.leaves_lower_bound <= d.cost.leaves
+    assert "3 could" not in d.message

@@ -104,7 +104,7 @@ def test_one_rank_failing_stops_the_others_and_fails_the_job_with_its_reason(sma
         reconcile.apply_reports([report("gpu0001", alloc, "stopped", -15, "stopped on request (SIGTERM)")])
     assert states(job, placement) == (Job.State.FAILED, Placement.State.FAILED)
     assert active_gpus(placement) == 0
-    assert job.pending_message == placement.message == "gpu0002: exited with code 3"
+    assert job.message == placement.message == "gpu0002: exited with code 3"
     fail = AuditEvent.objects.get(placement=placement, action="fail")
     assert fail.data == {"exit_codes": {"gpu0001": -15, "gpu0002": 3}}
 
