@@ -9,5 +9,6 @@ urlpatterns = [
     path("fabric/", include("fabric.urls")),
     path("pool/", include("pool.urls")),
     path("scheduler/", include("scheduler.urls")),
+    path("", include("core.urls_live")),
     path("", include("core.urls")),
 ]

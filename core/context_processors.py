@@ -5,6 +5,8 @@ NAV = [
     ("Fabric", "fabric:index"),
     ("Pool", "pool:index"),
     ("Scheduler", "scheduler:index"),
+    ("Topology", "live:topology"),
+    ("GPU heatmap", "live:heatmap"),
 ]
 
 
