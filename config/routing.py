@@ -2,7 +2,17 @@
 from django.urls import path
 
 from core.consumers import HeartbeatConsumer
+from core.live_consumers import (
+    HostConsumer,
+    OverviewConsumer,
+    PoolConsumer,
+    QueueConsumer,
+)
 
 websocket_urlpatterns = [
     path("ws/heartbeat/", HeartbeatConsumer.as_asgi()),
+    path("ws/live/overview/", OverviewConsumer.as_asgi()),
+    path("ws/live/queue/", QueueConsumer.as_asgi()),
+    path("ws/live/pool/", PoolConsumer.as_asgi()),
+    path("ws/live/host/<str:name>/", HostConsumer.as_asgi()),
 ]

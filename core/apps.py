@@ -11,3 +11,7 @@ class CoreConfig(AppConfig):
         from .roles import sync_roles_after_migrate
 
         post_migrate.connect(sync_roles_after_migrate, sender=self)
+
+        from . import live_receivers
+
+        live_receivers.connect()  # live views publish after polls, cycles, decisions, imports

@@ -11,8 +11,9 @@ a fixed number of statements, whatever the chunk size:
 * a HostEvent for every state change, new error reason, ECC increase, GPU that joins,
   goes missing or changes, and adapter link repaired.
 
-After the commit, pool.signals.allocations_reported carries each good report's allocations
-to whoever listens (the scheduler's reconciliation).
+After the commit of every chunk, pool.signals.allocations_reported carries each good
+report's allocations (an empty list when every host failed) to whoever listens: the
+scheduler's reconciliation and the live views.
 
 A GPU's identity is its UUID; the index may change (and the unique (host, index) pair is
 kept valid while it does).
@@ -101,10 +102,10 @@ def apply_results(results: list[Result]) -> IngestStats:
     with transaction.atomic():
         _Ingest(results, stats).run()
         reports = [(r.host_id, r.name, r.report["allocations"]) for r in results if r.ok]
-        if reports:
-            # After the outermost commit (a poll chunk's): listeners see the committed rows,
-            # and a failing listener cannot undo the ingest (robust: it is logged).
-            transaction.on_commit(lambda: allocations_reported.send(sender=Host, reports=reports), robust=True)
+        # After every chunk's commit, even one where every host failed (the live views show
+        # hosts turning stale): listeners see the committed rows, and a failing listener
+        # cannot undo the ingest (robust: it is logged).
+        transaction.on_commit(lambda: allocations_reported.send(sender=Host, reports=reports), robust=True)
     return stats
 
 

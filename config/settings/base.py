@@ -232,3 +232,7 @@ DISPATCH_FAILED_BACKOFF_S = env_float("DISPATCH_FAILED_BACKOFF_S", 60.0)
 # A GPU reported busy with work the scheduler does not know is offered to no job for this
 # long after each such report (longer than POLL_INTERVAL, so it stays held between polls).
 FOREIGN_BUSY_S = env_float("FOREIGN_BUSY_S", 60.0)
+
+# --- live views ---------------------------------------------------------------------------
+LIVE_FLUSH_INTERVAL_S = env_float("LIVE_FLUSH_INTERVAL_S", 0.25)  # a client gets at most one message per window
+LIVE_KEY_PREFIX = os.environ.get("LIVE_KEY_PREFIX", "fabricpool:live:")

@@ -1,0 +1,140 @@
+"""What the live views publish when something happens elsewhere. Connected in CoreConfig.ready.
+
+Every receiver runs after its transaction commits (the signals are sent then) and never
+raises: a failure (Redis down, a query failing) is logged and counted in core.live.stats, and
+the poll round, cycle or decision that sent the signal goes on untouched.
+"""
+from __future__ import annotations
+
+import functools
+import logging
+
+import redis
+from django.db import transaction
+
+from . import live
+from . import live_snapshots as snapshots
+
+log = logging.getLogger(__name__)
+
+# A GPU's values are pushed again only when one moved by at least this much since its last push.
+GPU_THRESHOLDS = (2.0, 256, 2.0)  # utilization %, memory MiB, temperature °C
+
+
+def _small_gpu_change(old, new) -> bool:
+    for a, b, limit in zip(old, new, GPU_THRESHOLDS):
+        if (a is None) != (b is None):
+            return False
+        if a is not None and abs(a - b) >= limit:
+            return False
+    return True
+
+
+def _never_raises(receiver):
+    @functools.wraps(receiver)
+    def wrapper(*args, **kwargs):
+        try:
+            receiver(*args, **kwargs)
+        except Exception as exc:
+            live.stats["failed"] += 1
+            # Redis down is an outage to note, not a bug: no traceback for it.
+            log.warning("live update after %s failed: %s", receiver.__name__, exc,
+                        exc_info=not isinstance(exc, redis.RedisError))
+    return wrapper
+
+
+def publish_overview() -> None:
+    live.publish(live.OVERVIEW, "overview", live.changed_values("overview", snapshots.overview()))
+
+
+def publish_gpus(host_ids) -> None:
+    changed = live.changed_values("gpu", snapshots.gpu_values(host_ids), same=_small_gpu_change)
+    if not changed:
+        return
+    host_of = dict(snapshots.Gpu.objects.filter(pk__in=[int(k) for k in changed]).values_list("id", "host_id"))
+    per_host: dict[int, dict] = {}
+    for gpu_id, values in changed.items():
+        per_host.setdefault(host_of[int(gpu_id)], {})[gpu_id] = values
+    live.publish_many([(live.POOL, "gpus", changed)] +
+                      [(live.host_group(host_id), "gpus", values) for host_id, values in per_host.items()])
+
+
+def publish_host_states() -> None:
+    changed = live.changed_values("host_state", snapshots.host_states())
+    live.publish_many([(live.POOL, "hosts", changed)] +
+                      [(live.host_group(int(host_id)), "host", {"state": state}) for host_id, state in changed.items()])
+
+
+def publish_jobs(job_ids) -> None:
+    """Queue rows of these jobs (None: left the queue), their proposals (None: decided) and
+    the GPUs their placements hold or released."""
+    from scheduler.models import Placement, PlacementGpu
+
+    queued = snapshots.jobs(job_ids)
+    live.publish(live.QUEUE, "jobs", {str(j): queued.get(str(j)) for j in job_ids})
+    waiting = snapshots.proposals(job_ids)
+    placement_ids = Placement.objects.filter(job_id__in=job_ids).values_list("id", flat=True)
+    live.publish(live.QUEUE, "proposals", {str(p): waiting.get(str(p)) for p in placement_ids})
+    gpu_ids = set(PlacementGpu.objects.filter(placement_id__in=placement_ids).values_list("gpu_id", flat=True))
+    held = snapshots.allocations(gpu_ids)
+    alloc = live.changed_values("alloc", {str(g): held.get(str(g), 0) for g in gpu_ids})
+    live.publish(live.POOL, "alloc", alloc)
+
+
+@_never_raises
+def after_poll_chunk(sender, reports, **kwargs):
+    publish_gpus([host_id for host_id, _, _ in reports])
+    publish_host_states()
+    publish_overview()
+
+
+@_never_raises
+def after_job_state_change(sender, job_ids, **kwargs):
+    publish_jobs(list(job_ids))
+    publish_overview()
+
+
+@_never_raises
+def after_placements_change(sender, placement_ids, **kwargs):
+    from scheduler.models import Placement
+
+    publish_jobs(list(Placement.objects.filter(pk__in=placement_ids).values_list("job_id", flat=True).distinct()))
+    publish_overview()
+
+
+@_never_raises
+def after_cycle_commit():
+    # Host states too: a change that came without a good report in its poll chunk (every host
+    # of the chunk unreachable: no allocations_reported) reaches the views within a cycle.
+    publish_host_states()
+    publish_overview()
+
+
+def after_cycle_saved(sender, instance, created, **kwargs):
+    # A cycle's row is made inside its transaction; what it wrote is visible after the commit.
+    if created:
+        transaction.on_commit(after_cycle_commit)
+
+
+@_never_raises
+def after_topology_import(sender, fabric, result=None, **kwargs):
+    publish_host_states()
+    publish_overview()
+    # Hosts may have joined: the pool view's arrays change shape, so its clients reload.
+    live.publish(live.POOL, "resync", {})
+
+
+def connect():
+    from django.db.models.signals import post_save
+
+    from fabric.signals import topology_imported
+    from pool.signals import allocations_reported
+    from scheduler import signals
+    from scheduler.models import AllocationCycle
+
+    allocations_reported.connect(after_poll_chunk, dispatch_uid="core.live.poll")
+    signals.job_state_changed.connect(after_job_state_change, dispatch_uid="core.live.jobs")
+    signals.placements_approved.connect(after_placements_change, dispatch_uid="core.live.approved")
+    signals.placements_stop_requested.connect(after_placements_change, dispatch_uid="core.live.stop")
+    post_save.connect(after_cycle_saved, sender=AllocationCycle, dispatch_uid="core.live.cycle")
+    topology_imported.connect(after_topology_import, dispatch_uid="core.live.topology")
