@@ -1,6 +1,8 @@
 // The GPU heatmap: one column per host (grouped by leaf, a line between leaves), one row
 // per GPU index, the metric the server embedded (#heatmap-data, core/topology.py). A click
 // on a cell opens the host. Names go through esc(): plotly reads text as markup.
+// Live: the pool view (/ws/live/pool/, core/live_snapshots.pool) keeps the cells and the
+// allocated markers current with Plotly.restyle; without websockets the server's data stays.
 (function () {
   "use strict";
   var source = document.getElementById("heatmap-data");
@@ -56,7 +58,11 @@
     shapes: shapes,
   };
   graph.textContent = "";
-  Plotly.newPlot(graph, [trace], layout, { responsive: true, displaylogo: false }).then(function () {
+  // GPUs held by an active placement: an open square over the cell (trace 1), kept live.
+  var held = { type: "scatter", mode: "markers", x: [], y: [], name: "allocated", hoverinfo: "skip", showlegend: false,
+               marker: { symbol: "square-open", size: data.hosts.length > 128 ? 4 : 10, color: "#e4572e", line: { width: 2 } } };
+  Plotly.newPlot(graph, [trace, held], layout, { responsive: true, displaylogo: false }).then(function () {
+    live();
     // Time since navigation when the drawing answers clicks (read by the browser test).
     graph.dataset.readyMs = String(Math.round(performance.now()));
     graph.on("plotly_click", function (event) {
@@ -64,4 +70,65 @@
       if (point && data.urls[point.x] != null) window.location.href = data.urls[point.x];
     });
   });
+
+  // Map the pool view's GPUs onto cells: host name -> column, GPU index -> row.
+  function live() {
+    if (!window.FabricPoolLive) return;
+    var column = {};
+    data.hosts.forEach(function (name, i) { column[name] = i; });
+    var cells = {};   // gpu id -> {col, row, total}
+    var values = {};  // gpu id -> [utilization, memory used MiB, temperature]
+    var jobs = {};    // gpu id -> job id holding it (0: free)
+
+    function metric(v, total) {
+      if (!v) return null;
+      if (data.metric === "utilization") return v[0];
+      if (data.metric === "temperature") return v[2];
+      return v[1] != null && total ? Math.round(v[1] * 1000 / total) / 10 : null;
+    }
+
+    function draw() {
+      var z = data.gpus.map(function () { return data.hosts.map(function () { return null; }); });
+      var hx = [], hy = [];
+      Object.keys(cells).forEach(function (id) {
+        var c = cells[id];
+        if (c.row >= z.length) return;  // a GPU index the page has no row for: shown after a reload
+        z[c.row][c.col] = metric(values[id], c.total);
+        if (jobs[id]) { hx.push(c.col); hy.push(c.row); }
+      });
+      Plotly.restyle(graph, { z: [z] }, [0]);
+      Plotly.restyle(graph, { x: [hx], y: [hy] }, [1]);
+      graph.dataset.allocated = String(hx.length);
+      graph.dataset.liveAt = String(Math.round(performance.now()));
+    }
+
+    window.FabricPoolLive.subscribe("/ws/live/pool/", {
+      onSnapshot: function (pool) {
+        cells = {}; values = {}; jobs = {};
+        var g = pool.gpus;
+        for (var i = 0; i < g.id.length; i++) {
+          var col = column[pool.hosts.name[g.host[i]]];
+          if (col === undefined) continue;  // a host of another fabric
+          cells[g.id[i]] = { col: col, row: g.index[i], total: g.memory_mib[i] };
+          values[g.id[i]] = [g.util[i], g.mem[i], g.temp[i]];
+          jobs[g.id[i]] = g.job[i];
+        }
+        draw();
+      },
+      onDelta: function (changes) {
+        var touched = false;
+        Object.keys(changes.gpus || {}).forEach(function (id) {
+          if (!(id in cells)) return;
+          values[id] = changes.gpus[id];
+          touched = true;
+        });
+        Object.keys(changes.alloc || {}).forEach(function (id) {
+          if (!(id in cells)) return;
+          jobs[id] = changes.alloc[id] || 0;
+          touched = true;
+        });
+        if (touched) draw();
+      },
+    });
+  }
 })();
