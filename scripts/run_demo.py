@@ -44,7 +44,9 @@ def programs(port: int, agents_port: int) -> list[Program]:
     return [
         # One process serves a virtual agent for every host of the demo fabric.
         Program("agents", [PYTHON, "-m", "agent", "simulate", "--fabric", "demo", "--bind", WEB_HOST, "--port", str(agents_port)]),
-        Program("web", [PYTHON, "-m", "daphne", "-b", WEB_HOST, "-p", str(port), "config.asgi:application"]),
+        # daphne's 1 MiB default websocket message limit is below a ~3,000-host pool snapshot.
+        Program("web", [PYTHON, "-m", "daphne", "-b", WEB_HOST, "-p", str(port),
+                        "--websocket-max-message-size", str(16 * 1024 * 1024), "config.asgi:application"]),
         Program("worker", [PYTHON, "-m", "celery", "-A", "config", "worker", "-l", "info", "--concurrency", "2"]),
         Program(
             "beat",
