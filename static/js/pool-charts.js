@@ -9,19 +9,8 @@
   var source = document.getElementById("pool-chart-data");
   if (!source) return;
 
-  function esc(text) {
-    return String(text == null ? "" : text)
-      .replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;")
-      .replace(/"/g, "&#34;").replace(/'/g, "&#39;");
-  }
-
-  function note(el, text) {
-    el.textContent = "";
-    var p = document.createElement("p");
-    p.className = "muted chart-note";
-    p.textContent = text;
-    el.appendChild(p);
-  }
+  var esc = window.FabricPoolCharts.esc;
+  var note = window.FabricPoolCharts.note;
 
   var data;
   try {

@@ -11,18 +11,8 @@
   var graph = document.getElementById("topology-graph");
   if (!source || !graph) return;
 
-  function esc(text) {
-    return String(text == null ? "" : text)
-      .replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;")
-      .replace(/"/g, "&#34;").replace(/'/g, "&#39;");
-  }
-  function note(text) {
-    graph.textContent = "";
-    var p = document.createElement("p");
-    p.className = "muted chart-note";
-    p.textContent = text;
-    graph.appendChild(p);
-  }
+  var esc = window.FabricPoolCharts.esc;
+  function note(text) { window.FabricPoolCharts.note(graph, text); }
 
   var data;
   try { data = JSON.parse(source.textContent); } catch (e) { note("The topology data could not be read."); return; }
