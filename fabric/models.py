@@ -4,6 +4,7 @@ marked missing, so history and the events that explain it stay."""
 import string
 
 from django.db import models
+from django.db.models import Q
 from django.utils import timezone
 
 from .ibnetdiscover import LANE_GBPS, WIDTHS
@@ -47,6 +48,27 @@ class Site(models.Model):
 
     def __str__(self):
         return self.name
+
+
+class InterSiteLink(models.Model):
+    """A wide-area link between two sites: what a job placed away from home pays in latency
+    and bandwidth. One row per unordered pair (site_a < site_b by name, enforced in clean)."""
+
+    site_a = models.ForeignKey(Site, on_delete=models.CASCADE, related_name="+")
+    site_b = models.ForeignKey(Site, on_delete=models.CASCADE, related_name="+")
+    latency_ms = models.FloatField(help_text="One-way latency in milliseconds.")
+    bandwidth_gbps = models.FloatField(help_text="Usable bandwidth in Gb/s.")
+    healthy = models.BooleanField(default=True)
+
+    class Meta:
+        ordering = ["site_a__name", "site_b__name"]
+        constraints = [
+            models.UniqueConstraint(fields=["site_a", "site_b"], name="intersitelink_unique_pair"),
+            models.CheckConstraint(condition=~Q(site_a=models.F("site_b")), name="intersitelink_two_sites"),
+        ]
+
+    def __str__(self):
+        return f"{self.site_a} ↔ {self.site_b} ({self.latency_ms:g} ms, {self.bandwidth_gbps:g} Gb/s)"
 
 
 class Fabric(models.Model):

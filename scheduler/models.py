@@ -123,6 +123,16 @@ class Job(models.Model):
     estimated_runtime_s = models.PositiveIntegerField(null=True, blank=True)
     max_runtime_s = models.PositiveIntegerField(null=True, blank=True)
     preemptible = models.BooleanField(default=False)
+    restartable = models.BooleanField(default=False, help_text="May be stopped and restarted elsewhere (rebalancing).")
+    grace_period_s = models.PositiveIntegerField(default=30, help_text="Preemption: SIGTERM, then stop after this.")
+    preemption_count = models.PositiveIntegerField(default=0, editable=False)
+    allow_remote_site = models.BooleanField(default=False,
+                                            help_text="May run at another site when its own cannot start it in time.")
+    # GPU sharing (gpus must be 1): a share of one GPU in thousandths and/or the GPU memory it
+    # needs, or a MIG profile. All zero/empty: whole GPUs.
+    gpu_milli = models.PositiveIntegerField(default=0, help_text="Share of one GPU in thousandths (1-999); 0: whole GPUs.")
+    gpu_memory_mib = models.PositiveIntegerField(default=0, help_text="GPU memory a shared job needs, MiB.")
+    mig_profile = models.CharField(max_length=20, blank=True, help_text='MIG profile, e.g. "1g.10gb".')
     # Topology requirement, like Slurm's --switches=N@wait.
     max_leaves = models.PositiveIntegerField(null=True, blank=True, help_text="At most this many leaf switches.")
     topology_hard = models.BooleanField(default=False, help_text="Never relax the leaf limit.")
@@ -204,6 +214,13 @@ class Placement(models.Model):
         FINISHED = "finished"
         FAILED = "failed"
         CANCELLED = "cancelled"
+        PREEMPTED = "preempted"
+
+    class Kind(models.TextChoices):
+        PLACE = "place", "placement"
+        PREEMPTION = "preemption", "preemption (stops victims)"
+        REBALANCE = "rebalance", "move (rebalancing)"
+        REMOTE = "remote", "remote site"
 
     ACTIVE_STATES = (State.PROPOSED, State.APPROVED, State.DISPATCHING, State.RUNNING)
     DECIDABLE_STATES = (State.PROPOSED,)
@@ -226,6 +243,14 @@ class Placement(models.Model):
     partial = models.BooleanField(default=False, help_text="A non-gang job started on fewer GPUs than it asked for.")
     # Override: what the engine proposed (GPU ids and Cost.as_dict()); the chosen set is `gpus`.
     is_override = models.BooleanField(default=False)
+    kind = models.CharField(max_length=12, choices=Kind.choices, default=Kind.PLACE)
+    site = models.CharField(max_length=64, blank=True, help_text="Where it runs, when away from the job's home site.")
+    # Preemption / rebalancing: the jobs it stops (ids) and what it costs and gains, for people
+    # and the dashboard, e.g. {"gpus_freed": 8, "leaves_before": 3, "leaves_after": 1}.
+    victims = models.JSONField(default=list, blank=True)
+    gains = models.JSONField(default=dict, blank=True)
+    moves_placement = models.ForeignKey("self", null=True, blank=True, on_delete=models.SET_NULL, related_name="+",
+                                        help_text="Rebalancing: the running placement this one replaces.")
     proposed_gpus = models.JSONField(default=list, blank=True)
     proposed_cost = models.JSONField(default=dict, blank=True)
     overridden_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
@@ -275,10 +300,17 @@ class PlacementGpu(models.Model):
     placement = models.ForeignKey(Placement, on_delete=models.CASCADE, related_name="placement_gpus", db_index=False)
     gpu = models.ForeignKey(Gpu, on_delete=models.CASCADE, related_name="placement_gpus")
     active = models.BooleanField(default=True)
+    # Sharing: the share of the GPU (thousandths) and memory it holds; 1000 = the whole GPU.
+    # Whole GPUs are held by the unique index below; shares of one GPU are checked under the
+    # Gpu row lock when persisted (sum of shares <= 1000, memory within the GPU's).
+    share_milli = models.PositiveIntegerField(default=1000)
+    memory_mib = models.PositiveIntegerField(default=0)
+    mig_device = models.CharField(max_length=80, blank=True, help_text="MIG device (UUID or GPU:GI) when MIG is used.")
 
     class Meta:
         constraints = [
-            models.UniqueConstraint(fields=["gpu"], condition=Q(active=True), name="placementgpu_one_active_per_gpu"),
+            models.UniqueConstraint(fields=["gpu"], condition=Q(active=True, share_milli__gte=1000),
+                                    name="placementgpu_one_active_per_gpu"),
             models.UniqueConstraint(fields=["placement", "gpu"], name="placementgpu_unique_pair"),
         ]
 
@@ -312,3 +344,23 @@ class AuditEvent(models.Model):
 
     def __str__(self):
         return f"{self.created_at:%Y-%m-%d %H:%M:%S} {self.actor} {self.action}"
+
+
+class TaskClassRule(models.Model):
+    """How the engine treats a task class (editable in the admin; defaults in settings
+    SCHEDULER_TASK_CLASSES when a class has no row)."""
+
+    task_class = models.CharField(max_length=12, choices=Job.TaskClass.choices, unique=True)
+    whole_gpus = models.BooleanField(default=True, help_text="Never share a GPU with other jobs.")
+    pack_tightly = models.BooleanField(default=True, help_text="Fewest leaf switches first.")
+    prefer_healthy_leaves = models.BooleanField(default=False, help_text="Avoid degraded leaves even for one-leaf jobs.")
+    prefer_lightly_loaded = models.BooleanField(default=False, help_text="Prefer leaves with the most free GPUs.")
+    preemptible = models.BooleanField(default=True, help_text="Jobs of this class may be preempted.")
+    requires_fp64 = models.CharField(max_length=8, blank=True, help_text='FP64 class required, e.g. "high".')
+    leftovers_only = models.BooleanField(default=False, help_text="Takes what is left (lowest placement priority).")
+
+    class Meta:
+        ordering = ["task_class"]
+
+    def __str__(self):
+        return f"rules for {self.task_class}"
