@@ -11,7 +11,7 @@ still be on them.
 """
 from django.conf import settings
 from django.db import models
-from django.db.models import Q
+from django.db.models import Q, Value
 from django.utils import timezone
 
 from pool.models import Gpu, Pool
@@ -123,16 +123,16 @@ class Job(models.Model):
     estimated_runtime_s = models.PositiveIntegerField(null=True, blank=True)
     max_runtime_s = models.PositiveIntegerField(null=True, blank=True)
     preemptible = models.BooleanField(default=False)
-    restartable = models.BooleanField(default=False, help_text="May be stopped and restarted elsewhere (rebalancing).")
-    grace_period_s = models.PositiveIntegerField(default=30, help_text="Preemption: SIGTERM, then stop after this.")
-    preemption_count = models.PositiveIntegerField(default=0, editable=False)
-    allow_remote_site = models.BooleanField(default=False,
+    restartable = models.BooleanField(default=False, db_default=False, help_text="May be stopped and restarted elsewhere (rebalancing).")
+    grace_period_s = models.PositiveIntegerField(default=30, db_default=30, help_text="Preemption: SIGTERM, then stop after this.")
+    preemption_count = models.PositiveIntegerField(default=0, db_default=0, editable=False)
+    allow_remote_site = models.BooleanField(default=False, db_default=False,
                                             help_text="May run at another site when its own cannot start it in time.")
     # GPU sharing (gpus must be 1): a share of one GPU in thousandths and/or the GPU memory it
     # needs, or a MIG profile. All zero/empty: whole GPUs.
-    gpu_milli = models.PositiveIntegerField(default=0, help_text="Share of one GPU in thousandths (1-999); 0: whole GPUs.")
-    gpu_memory_mib = models.PositiveIntegerField(default=0, help_text="GPU memory a shared job needs, MiB.")
-    mig_profile = models.CharField(max_length=20, blank=True, help_text='MIG profile, e.g. "1g.10gb".')
+    gpu_milli = models.PositiveIntegerField(default=0, db_default=0, help_text="Share of one GPU in thousandths (1-999); 0: whole GPUs.")
+    gpu_memory_mib = models.PositiveIntegerField(default=0, db_default=0, help_text="GPU memory a shared job needs, MiB.")
+    mig_profile = models.CharField(max_length=20, blank=True, db_default="", help_text='MIG profile, e.g. "1g.10gb".')
     # Topology requirement, like Slurm's --switches=N@wait.
     max_leaves = models.PositiveIntegerField(null=True, blank=True, help_text="At most this many leaf switches.")
     topology_hard = models.BooleanField(default=False, help_text="Never relax the leaf limit.")
@@ -243,12 +243,12 @@ class Placement(models.Model):
     partial = models.BooleanField(default=False, help_text="A non-gang job started on fewer GPUs than it asked for.")
     # Override: what the engine proposed (GPU ids and Cost.as_dict()); the chosen set is `gpus`.
     is_override = models.BooleanField(default=False)
-    kind = models.CharField(max_length=12, choices=Kind.choices, default=Kind.PLACE)
-    site = models.CharField(max_length=64, blank=True, help_text="Where it runs, when away from the job's home site.")
+    kind = models.CharField(max_length=12, choices=Kind.choices, default=Kind.PLACE, db_default=Kind.PLACE)
+    site = models.CharField(max_length=64, blank=True, db_default="", help_text="Where it runs, when away from the job's home site.")
     # Preemption / rebalancing: the jobs it stops (ids) and what it costs and gains, for people
     # and the dashboard, e.g. {"gpus_freed": 8, "leaves_before": 3, "leaves_after": 1}.
-    victims = models.JSONField(default=list, blank=True)
-    gains = models.JSONField(default=dict, blank=True)
+    victims = models.JSONField(default=list, blank=True, db_default=Value([], output_field=models.JSONField()))
+    gains = models.JSONField(default=dict, blank=True, db_default=Value({}, output_field=models.JSONField()))
     moves_placement = models.ForeignKey("self", null=True, blank=True, on_delete=models.SET_NULL, related_name="+",
                                         help_text="Rebalancing: the running placement this one replaces.")
     proposed_gpus = models.JSONField(default=list, blank=True)
@@ -303,9 +303,9 @@ class PlacementGpu(models.Model):
     # Sharing: the share of the GPU (thousandths) and memory it holds; 1000 = the whole GPU.
     # Whole GPUs are held by the unique index below; shares of one GPU are checked under the
     # Gpu row lock when persisted (sum of shares <= 1000, memory within the GPU's).
-    share_milli = models.PositiveIntegerField(default=1000)
-    memory_mib = models.PositiveIntegerField(default=0)
-    mig_device = models.CharField(max_length=80, blank=True, help_text="MIG device (UUID or GPU:GI) when MIG is used.")
+    share_milli = models.PositiveIntegerField(default=1000, db_default=1000)
+    memory_mib = models.PositiveIntegerField(default=0, db_default=0)
+    mig_device = models.CharField(max_length=80, blank=True, db_default="", help_text="MIG device (UUID or GPU:GI) when MIG is used.")
 
     class Meta:
         constraints = [
