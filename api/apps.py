@@ -1,0 +1,9 @@
+from django.apps import AppConfig
+
+
+class ApiConfig(AppConfig):
+    name = "api"
+    verbose_name = "REST API"
+
+    def ready(self):
+        from . import schema  # noqa: F401  registers the Bearer scheme with drf-spectacular

@@ -1,0 +1,1 @@
+"""The FabricPool command-line client (fabricpool.cli). Standard library only."""
