@@ -24,7 +24,7 @@ from pathlib import Path
 
 from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError
-from django.db import DatabaseError, transaction
+from django.db import DatabaseError, connection, transaction
 
 from fabric.models import Fabric
 from pool.models import Gpu, Host, Pool
@@ -202,8 +202,11 @@ class Command(BaseCommand):
                 name=f"{spec.tenant}-{spec.task_class}-{number}", task_class=spec.task_class, priority=spec.priority,
                 estimated_runtime_s=spec.run_s, max_runtime_s=spec.run_s * 2)
         except (ValidationError, DatabaseError) as exc:
-            # A busy SQLite file or a tenant deleted meanwhile: say so and go on with the next job.
+            # A busy SQLite file, a tenant deleted meanwhile or a cut database connection: say
+            # so and go on with the next job (on a fresh connection: a cut one stays broken).
             self.stderr.write(f"job {number} not submitted: {exc}")
+            if isinstance(exc, DatabaseError):
+                connection.close()
             return
         minutes, seconds = divmod(spec.run_s, 60)
         self.stdout.write(f"job {job.pk}: {spec.gpus} GPU{'s' if spec.gpus != 1 else ''} for {spec.tenant}, "
