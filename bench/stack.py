@@ -24,7 +24,20 @@ import psutil
 
 ROOT = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable
-POSTGRES_ADMIN_URL = os.environ.get("RELIABILITY_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
+
+
+def _admin_url() -> str:
+    """Where to create the stack's databases: RELIABILITY_POSTGRES_URL, else the server of a
+    PostgreSQL DATABASE_URL (its "postgres" database), else the local default."""
+    if os.environ.get("RELIABILITY_POSTGRES_URL"):
+        return os.environ["RELIABILITY_POSTGRES_URL"]
+    url = os.environ.get("DATABASE_URL", "")
+    if url.startswith(("postgres://", "postgresql://")):
+        return url.rsplit("/", 1)[0] + "/postgres"
+    return "postgresql://postgres@127.0.0.1:5432/postgres"
+
+
+POSTGRES_ADMIN_URL = _admin_url()
 ACTIVE = ("proposed", "approved", "dispatching", "running")
 
 
