@@ -9,6 +9,9 @@ urlpatterns = [
     # cancel to the job), so every URL answers a GET.
     path("placements/<int:placement_id>/", views.placement_detail, name="placement"),
     path("placements/<int:placement_id>/override/", views.placement_override, name="override"),
+    # JSON for the heatmap's pick mode: a dry run, and the override itself.
+    path("placements/<int:placement_id>/override/check/", views.override_check, name="override-check"),
+    path("placements/<int:placement_id>/override/confirm/", views.override_confirm, name="override-confirm"),
     path("jobs/", views.job_list, name="jobs"),
     path("jobs/<int:job_id>/", views.job_detail, name="job"),
     path("cycles/", views.cycle_list, name="cycles"),

@@ -9,14 +9,17 @@ Permissions are checked here and again by the services: a viewer's hand-made POS
 breaks a rule) comes back as its message, never a 500."""
 from __future__ import annotations
 
+import json
+
 from django.contrib import messages
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.core.paginator import Paginator
+from django.http import JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 from django.utils.http import url_has_allowed_host_and_scheme
 
-from . import selectors, services
+from . import override_preview, selectors, services
 from .engine.plan import duration
 from .forms import OverrideForm, RejectForm, SubmitJobForm, fieldsets
 from .models import AllocationCycle, Job, Placement
@@ -263,6 +266,63 @@ def _mark_picked(groups, picked) -> None:
 def _changed_message(placement: Placement) -> str:
     return (f"Placement {placement.pk} changed under you: it is now {placement.state} (version {placement.version}). "
             f"Nothing was changed; look at it again before you decide.")
+
+
+# --- picking an override on the heatmap (JSON) ---------------------------------------------
+
+
+def _pick_request(request, placement_id):
+    """(placement, gpu ids, version) of a JSON pick, or the JsonResponse that refuses it."""
+    if request.method != "POST":
+        return JsonResponse({"error": "POST a JSON pick here."}, status=405, headers={"Allow": "POST"})
+    if not request.user.has_perm(DECIDE_PERMISSION):
+        # The page hides the controls from viewers; a hand-made request is refused here too.
+        return JsonResponse({"error": "Only operators and admins may override placements. Nothing was changed."},
+                            status=403)
+    placement = Placement.objects.select_related("job", "job__tenant", "job__pool").filter(pk=placement_id).first()
+    if placement is None:
+        return JsonResponse({"error": f"There is no placement {placement_id}."}, status=404)
+    try:
+        payload = json.loads(request.body or b"null")
+        gpu_ids, version = override_preview.parse_pick(payload)
+    except (ValueError, UnicodeDecodeError) as exc:
+        message = str(exc) if isinstance(exc, override_preview.BadPick) else "The request body is not JSON."
+        return JsonResponse({"error": message + " Nothing was changed."}, status=400)
+    if version != placement.version or placement.state not in Placement.DECIDABLE_STATES:
+        return JsonResponse({"error": _changed_message(placement), "changed": True, "version": placement.version,
+                             "state": placement.state}, status=409)
+    return placement, gpu_ids, version
+
+
+def override_check(request, placement_id):
+    """Dry run of a pick: its cost next to the proposal's, or the rules it breaks. Writes nothing."""
+    parsed = _pick_request(request, placement_id)
+    if isinstance(parsed, JsonResponse):
+        return parsed
+    placement, gpu_ids, _version = parsed
+    result = override_preview.check(placement, gpu_ids)
+    result["table"] = override_preview.cost_rows(result["proposal_cost"], result["cost"])
+    return JsonResponse(result)
+
+
+def override_confirm(request, placement_id):
+    """The override itself, from the heatmap's pick panel, with the version the operator saw."""
+    parsed = _pick_request(request, placement_id)
+    if isinstance(parsed, JsonResponse):
+        return parsed
+    placement, gpu_ids, version = parsed
+    try:
+        placement = services.override(placement, _actor(request), gpu_ids=gpu_ids, expected_version=version)
+    except PermissionDenied as exc:
+        return JsonResponse({"error": str(exc) or "You may not override placements. Nothing was changed."}, status=403)
+    except services.DecisionError as exc:
+        fresh = _placement(placement.pk)
+        return JsonResponse({"error": str(exc), "problems": getattr(exc, "problems", None) or [],
+                             "changed": isinstance(exc, (services.ChangedUnderYou, services.NotDecidable)),
+                             "version": fresh.version, "state": fresh.state}, status=409)
+    messages.success(request, f"Placement {placement.pk} overridden with the {len(gpu_ids)} GPUs you picked.")
+    return JsonResponse({"ok": True, "state": placement.state, "version": placement.version,
+                         "url": reverse("scheduler:placement", args=[placement.pk])})
 
 
 # --- jobs ----------------------------------------------------------------------------------

@@ -5,6 +5,7 @@
 // Rows are built with textContent only: job and tenant names never go through markup.
 (function () {
   "use strict";
+  liveBanner();
   var config = document.getElementById("queue-live");
   if (!config || !window.FabricPoolLive) return;
   var proposalBody = document.querySelector("#proposal-table tbody");
@@ -72,7 +73,9 @@
       cells.push(el("td", {}, [el("div", { className: "decide" }, [
         decideForm(p, "approve"), decideForm(p, "reject"),
         el("a", { className: "button", href: url(config.dataset.overrideUrl, p.id), text: "Override…",
-                  "aria-label": "Override placement " + p.id + ": pick other GPUs" })])]));
+                  "aria-label": "Override placement " + p.id + ": pick other GPUs" }),
+        el("a", { className: "button", href: config.dataset.heatmapUrl + "?pick=" + p.id, text: "Pick GPUs on the heatmap",
+                  "aria-label": "Pick GPUs for placement " + p.id + " on the heatmap" })])]));
     }
     return el("tr", { "data-placement": String(p.id), "data-version": String(p.version) }, cells);
   }
@@ -134,3 +137,26 @@
     },
   });
 })();
+
+// While the live connection is down the page says so in plain words, with since when; the
+// queue catches up by itself when it is back (a fresh snapshot on reconnect).
+function liveBanner() {
+  "use strict";
+  var banner = document.getElementById("live-banner");
+  if (!banner) return;
+  var clock = new Intl.DateTimeFormat(undefined, { hour: "2-digit", minute: "2-digit", second: "2-digit", hour12: false });
+  var since = null;
+  document.addEventListener("fabricpool:live", function (event) {
+    var state = event.detail && event.detail.state;
+    if (state === "down") {
+      if (since === null) since = new Date();
+      banner.textContent = "Live updates interrupted since " + clock.format(since) + ": reconnecting… " +
+        "What you see may be out of date; it catches up by itself when the connection is back.";
+      banner.hidden = false;
+    } else if (state === "live" && since !== null) {
+      since = null;
+      banner.hidden = true;
+    }
+    banner.dataset.state = state || "";
+  });
+}
