@@ -43,13 +43,16 @@ class Soak:
         self.rng = random.Random(seed)
         self.faults: list[dict] = []
         self.violations: list[str] = []
+        self.exited: list[dict] = []
         self.checks = 0
+        self.jobs_argv: list[str] = []
 
     # -- faults ----------------------------------------------------------------------------------
 
     def inject(self, fault: str) -> None:
         s, started = self.stack, time.time()
         if fault == "worker_child_killed":
+            self.check_programs()
             s.kill_worker_child(self.rng.choice(["worker", "worker2"]))
         elif fault == "worker_killed":
             name = self.rng.choice(["worker", "worker2"])
@@ -90,6 +93,35 @@ class Soak:
 
     # -- checks ----------------------------------------------------------------------------------
 
+    def restart(self, name: str) -> None:
+        s = self.stack
+        if name.startswith("worker"):
+            s.start_worker(name, concurrency=2)
+        elif name == "beat":
+            s.start_beat()
+        elif name == "redis":
+            s.start_redis()
+        elif name == "web":
+            s.start_web()
+        elif name == "agents":
+            s.start_agents()
+        elif name == "jobs":
+            s.start("jobs", self.jobs_argv)
+
+    def check_programs(self) -> None:
+        """A program that exited by itself is an error of the soak (a supervisor would restart
+        it, and so does this loop): counted, with the end of its log."""
+        for name, proc in list(self.stack.procs.items()):
+            code = proc.poll()
+            if code is None:
+                continue
+            tail = self.stack.log_of(name).strip().splitlines()[-3:]
+            self.exited.append({"program": name, "exit_code": code, "at_s": round(time.time() - self.t0, 1),
+                                "log_tail": tail})
+            progress(f"{name} exited with {code}: {tail[-1:]}; starting it again")
+            self.stack.procs.pop(name)
+            self.restart(name)
+
     def check(self) -> None:
         try:
             found = self.stack.violations()
@@ -108,8 +140,15 @@ class Soak:
         next_fault = self.t0 + fault_every
         while time.time() < end:
             if time.time() >= next_fault:
-                self.inject(self.rng.choice(FAULTS))
+                fault = self.rng.choice(FAULTS)
+                try:
+                    self.inject(fault)
+                except Exception as exc:  # noqa: BLE001 - e.g. a worker still starting has no pool process
+                    progress(f"{fault} not injected: {exc}")
+                    self.faults.append({"fault": fault, "at_s": round(time.time() - self.t0, 1),
+                                        "not_injected": str(exc)})
                 next_fault = time.time() + fault_every
+            self.check_programs()
             self.check()
             time.sleep(5)
 
@@ -140,14 +179,16 @@ def main(argv=None) -> int:
                 stack.start_worker(name, concurrency=2)
             stack.start_beat()
             stack.start_web()
-            stack.start("jobs", [sys.executable, "manage.py", "demo_jobs", "--pool", "rel", "--rate", str(args.rate),
-                                 "--seed", str(args.seed)])
+            jobs_argv = [sys.executable, "manage.py", "demo_jobs", "--pool", "rel", "--rate", str(args.rate),
+                         "--seed", str(args.seed)]
+            stack.start("jobs", jobs_argv)
             wait_for(lambda: stack.sql("SELECT count(*) FROM pool_pollround WHERE finished_at IS NOT NULL")[0][0] >= 2,
                      180, "two poll rounds (warm-up)")
             programs = ("worker", "worker2", "beat", "web", "agents", "redis")
             memory_start = {name: round(stack.rss_mib(name), 1) for name in programs}
             counts_start = stack.summary()
             soak = Soak(stack, args.seed)
+            soak.jobs_argv = jobs_argv
             soak.run(args.minutes, args.fault_every)
             time.sleep(15)  # let the last fault heal before the final check
             soak.check()
@@ -156,6 +197,7 @@ def main(argv=None) -> int:
                 "failed_cycles": stack.sql("SELECT count(*) FROM scheduler_allocationcycle WHERE error <> ''")[0][0],
                 "abandoned_rounds": stack.sql("SELECT count(*) FROM pool_pollround WHERE abandoned")[0][0],
                 "failed_placements": stack.sql("SELECT count(*) FROM scheduler_placement WHERE state = 'failed'")[0][0],
+                "programs_exited": len(soak.exited),
             }
             cycles = stack.sql("SELECT count(*) FROM scheduler_allocationcycle WHERE error = '' "
                                "AND finished_at IS NOT NULL")[0][0]
@@ -166,7 +208,7 @@ def main(argv=None) -> int:
                 "cycles_during_soak": cycles - counts_start["cycles"], "rounds_during_soak": rounds - counts_start["rounds"],
                 "jobs": stack.job_states(), "faults": soak.faults, "errors": errors,
                 "invariant_checks": soak.checks, "invariant_violations": len(soak.violations),
-                "violations": soak.violations,
+                "violations": soak.violations, "exited": soak.exited,
                 "memory_mib": {name: {"start": memory_start[name], "end": memory_end.get(name),
                                       "growth": None if memory_end.get(name) is None else
                                       round(memory_end[name] - memory_start[name], 1)} for name in memory_start},

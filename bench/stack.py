@@ -142,6 +142,19 @@ class Stack:
         children[0].send_signal(signal.SIGKILL)
         return children[0].pid
 
+    def restart_exited(self) -> list[str]:
+        """What a process supervisor (systemd Restart=on-failure, `make demo`'s) does for the
+        worker and beat: start again the ones that exited by themselves. Returns their names."""
+        restarted = []
+        for name, proc in list(self.procs.items()):
+            if proc.poll() is None or not (name.startswith("worker") or name == "beat"):
+                continue
+            self.procs.pop(name)
+            self.log(f"{name} exited with {proc.returncode}; starting it again")
+            self.start_worker(name, concurrency=2) if name.startswith("worker") else self.start_beat()
+            restarted.append(name)
+        return restarted
+
     def log_of(self, name: str) -> str:
         path = self.workdir / f"{name}.log"
         return path.read_text(errors="replace") if path.exists() else ""

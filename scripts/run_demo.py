@@ -47,11 +47,13 @@ def programs(port: int, agents_port: int) -> list[Program]:
         # daphne's 1 MiB default websocket message limit is below a ~3,000-host pool snapshot.
         Program("web", [PYTHON, "-m", "daphne", "-b", WEB_HOST, "-p", str(port),
                         "--websocket-max-message-size", str(16 * 1024 * 1024), "config.asgi:application"]),
-        Program("worker", [PYTHON, "-m", "celery", "-A", "config", "worker", "-l", "info", "--concurrency", "2"]),
+        Program("worker", [PYTHON, "-m", "celery", "-A", "config", "worker", "-l", "info", "--concurrency", "2"],
+                restart=True),
         Program(
             "beat",
             [PYTHON, "-m", "celery", "-A", "config", "beat", "-l", "info",
              "--scheduler", "django_celery_beat.schedulers:DatabaseScheduler"],
+            restart=True,
         ),  # fmt: skip
         # A steady stream of jobs sized like the Microsoft ITP trace; some wait for an operator.
         Program("jobs", [PYTHON, "manage.py", "demo_jobs", "--pool", "demo"]),

@@ -1,6 +1,7 @@
 """A small foreground process supervisor (standard library only), in the spirit of foreman
 and honcho: start several long-running programs, prefix each output line with the
-program's name, stop them all on one Ctrl-C, and stop them all when any one of them dies.
+program's name, stop them all on one Ctrl-C, and stop them all when any one of them dies
+(a program marked `restart` is started again instead, within limits).
 
 Each child runs in its own session (process group). The terminal's Ctrl-C therefore
 reaches only the supervisor, which asks each program to stop (SIGTERM by default), waits,
@@ -25,6 +26,15 @@ class Program:
     # How to ask for a clean stop, whether the supervisor got SIGINT or SIGTERM: Celery
     # treats SIGTERM as its warm shutdown (SIGINT makes the worker exit with code 1).
     stop_signal: int = signal.SIGTERM
+    # Started again when it exits on its own, as systemd's Restart=on-failure would, unless
+    # it exits RESTART_LIMIT times within RESTART_WINDOW_S: then everything stops. For the
+    # Celery worker: kombu's Redis transport can die with "Unrecoverable error" when Redis
+    # goes away while messages are unacknowledged (found by bench.soak).
+    restart: bool = False
+
+
+RESTART_LIMIT = 5
+RESTART_WINDOW_S = 60.0
 
 
 def how_it_ended(returncode: int) -> str:
@@ -45,6 +55,7 @@ class Supervisor:
         self.running: list[tuple[Program, subprocess.Popen]] = []
         self.readers: list[threading.Thread] = []
         self.signals: list[int] = []
+        self.restarts: dict[str, list[float]] = {}
 
     def say(self, name: str, text: str) -> None:
         with self.lock:
@@ -112,6 +123,32 @@ class Supervisor:
         for program, proc in self.running:
             self.say("supervisor", f"{program.name} {how_it_ended(proc.returncode)}")
 
+    def _restart(self, program: Program, proc: subprocess.Popen, why: str) -> bool:
+        """Start a restartable program that exited again; False when it may not be."""
+        if not program.restart:
+            return False
+        now = time.monotonic()
+        recent = [t for t in self.restarts.get(program.name, []) if now - t < RESTART_WINDOW_S]
+        if len(recent) >= RESTART_LIMIT:
+            self.say("supervisor", f"{program.name} exited {RESTART_LIMIT + 1} times within "
+                                   f"{RESTART_WINDOW_S:g} s; not restarting it")
+            return False
+        self.restarts[program.name] = recent + [now]
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)  # what it left behind
+        except (ProcessLookupError, PermissionError):
+            pass
+        self.running.remove((program, proc))
+        self.say("supervisor", f"{why}; starting it again ({len(recent) + 1} of {RESTART_LIMIT} "
+                               f"restarts allowed per {RESTART_WINDOW_S:g} s)")
+        time.sleep(min(2 ** len(recent) * 0.5, 8))
+        try:
+            self._start(program)
+        except OSError as exc:
+            self.say("supervisor", f"cannot start {program.name} again: {exc}")
+            return False
+        return True
+
     def run(self) -> int:
         """Run until a signal (exit 0) or until a program exits on its own (exit 1)."""
         previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
@@ -127,6 +164,8 @@ class Supervisor:
                 for program, proc in self.running:
                     if proc.poll() is not None:
                         reason = f"{program.name} {how_it_ended(proc.returncode)}"
+                        if self._restart(program, proc, reason):
+                            reason = None
                         break
                 else:
                     time.sleep(0.2)

@@ -238,3 +238,24 @@ def pids_in_started(output: str) -> dict[str, int]:
         if text.startswith("started (pid "):
             found[name.strip()] = int(text.split("pid ")[1].split(")")[0])
     return found
+
+
+def test_a_restartable_program_is_started_again_and_given_up_on_after_the_limit():
+    """The demo's worker and beat are restartable: a crash (kombu can die when Redis goes
+    away) restarts them; one that keeps crashing stops everything, with the reason."""
+    driver = (
+        f"import sys; sys.path.insert(0, {str(SCRIPTS)!r})\n"
+        "import supervisor\n"
+        "from supervisor import Program, Supervisor\n"
+        "supervisor.RESTART_LIMIT = 2\n"
+        f"web = Program('web', [sys.executable, '-c', {CHILD!r}, 'wait'])\n"
+        f"worker = Program('worker', [sys.executable, '-c', {CHILD!r}, 'exit3'], restart=True)\n"
+        "sys.exit(Supervisor([web, worker], grace=5).run())\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", driver], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 1, out
+    assert out.count("supervisor | worker exited with code 3; starting it again") == 2, out
+    assert "worker exited 3 times within 60 s; not restarting it" in out
+    assert "supervisor | failed: worker exited with code 3" in out
+    assert out.count("worker     | started (pid") == 3

@@ -17,6 +17,9 @@ def latest(stack):
 
 
 def resumed(stack, rounds_after, cycles_after):
+    # kombu's Redis transport can make a worker exit ("Unrecoverable error") when Redis goes
+    # away with messages unacknowledged; like systemd or `make demo`, start it again.
+    stack.restart_exited()
     rounds, cycles = latest(stack)
     return rounds > rounds_after and cycles > cycles_after
 
