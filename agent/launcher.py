@@ -2,6 +2,9 @@
 
 An allocation runs its argv in its own session (so one signal reaches every process it
 forks), with its output in `{log_dir}/{id}.log` and its GPUs in `CUDA_VISIBLE_DEVICES`.
+GPU sharing: a request with a `share` runs on a fraction of its one GPU, which other shared
+allocations may use too while their shares sum to at most 1000 (never beside a whole one);
+with a MIG profile, CUDA_VISIBLE_DEVICES is a free MIG instance of that profile on the GPU.
 Its life: starting -> running -> succeeded | failed (exit code) | stopped (on request).
 Finished allocations stay in reports until the server acknowledges them. The list is kept
 in `{log_dir}/allocations.json`, written atomically on every change, so that a restarted
@@ -66,6 +69,7 @@ class Allocation:
     create_time: float | None = None  # the process's start time: a reused pid is not ours
     stop_requested: bool = False
     killed: bool = False
+    share_milli: int = 1000  # below 1000: a fraction of its one GPU, which others may share
     done: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
 
     def public(self) -> dict:
@@ -77,7 +81,8 @@ class Allocation:
 
     def record(self) -> dict:
         return {**self.public(), "fingerprint": self.fingerprint, "pid": self.pid,
-                "create_time": self.create_time, "stop_requested": self.stop_requested}
+                "create_time": self.create_time, "stop_requested": self.stop_requested,
+                "share_milli": self.share_milli}
 
 
 def fingerprint(request: dict) -> str:
@@ -202,16 +207,39 @@ class Launcher:
             raise LaunchError(409, "id", f"allocation {allocation_id} already ran here and was acknowledged")
         if len(self._allocations) >= MAX_ALLOCATIONS:
             raise LaunchError(409, "id", f"{len(self._allocations)} allocations here are not acknowledged yet; ack finished ones first")
-        self._check_gpus(request["gpus"], inventory)
+        share = request.get("share")
+        gpus = list(request["gpus"])
+        if share and share.get("mig_profile"):
+            gpus = [self._mig_instance(gpus[0], share["mig_profile"], inventory)]
+            share = None  # a MIG instance is whole in itself
+        self._check_gpus(gpus, inventory, share_milli=share["milli"] if share else 1000)
 
-        allocation = Allocation(id=allocation_id, gpus=list(request["gpus"]), fingerprint=digest)
+        allocation = Allocation(id=allocation_id, gpus=gpus, fingerprint=digest,
+                                share_milli=share["milli"] if share else 1000)
         self._allocations[allocation_id] = allocation
         self._save()
-        env = allocation_env(request, inventory)
+        env = allocation_env({**request, "gpus": gpus}, inventory)
         self._spawn_task(self._run(allocation, request["command"], env))
         return allocation, True
 
-    def _check_gpus(self, requested: list[str], inventory: list[dict]) -> None:
+    def _mig_instance(self, gpu_uuid: str, profile: str, inventory: list[dict]) -> str:
+        """A MIG instance of `profile` on that GPU that no active allocation uses (the server
+        placed a MIG profile, not a named instance)."""
+        entry = gpu_index(inventory).get(gpu_uuid)
+        if entry is None:
+            raise LaunchError(409, "gpus[0]", f"GPU {gpu_uuid} is not on this host")
+        gpu = entry["gpu"]
+        if not gpu.get("mig_mode"):
+            raise LaunchError(409, "share.mig_profile", f"GPU {gpu_uuid} is not in MIG mode")
+        taken = {u for a in self.active() for u in a.gpus}
+        for mig in gpu.get("mig_instances") or []:
+            if mig.get("profile", "").lower().endswith(profile.lower()) and mig["uuid"] not in taken:
+                return mig["uuid"]
+        have = sorted({m.get("profile") or "?" for m in gpu.get("mig_instances") or []})
+        raise LaunchError(409, "share.mig_profile", f"no free MIG instance of profile {profile} on GPU {gpu_uuid} "
+                                                    f"(it has: {', '.join(have) or 'none'})")
+
+    def _check_gpus(self, requested: list[str], inventory: list[dict], share_milli: int = 1000) -> None:
         index = gpu_index(inventory)
         seen = set()
         for i, uuid in enumerate(requested):
@@ -227,11 +255,19 @@ class Launcher:
                 raise LaunchError(409, where, f"GPU {uuid} cannot be used: {gpu['error']}")
             if entry["whole"] and gpu.get("mig_mode"):
                 raise LaunchError(409, where, f"GPU {uuid} is in MIG mode: allocate its MIG instances instead")
+        shared_use: dict[str, int] = {}  # GPU UUID -> milli held by shared allocations
         for allocation in self.active():
             for uuid_taken in allocation.gpus:
                 taken = index.get(uuid_taken, {"physical": uuid_taken, "whole": True})
                 for i, uuid in enumerate(requested):
                     wanted = index[uuid]
+                    if uuid == uuid_taken and share_milli < 1000 and allocation.share_milli < 1000:
+                        # Both are fractions of this GPU: allowed while the shares fit.
+                        shared_use[uuid] = shared_use.get(uuid, 0) + allocation.share_milli
+                        if shared_use[uuid] + share_milli > 1000:
+                            raise LaunchError(409, f"gpus[{i}]", f"GPU {uuid} is shared up to {shared_use[uuid]}/1000 "
+                                                                 f"already; {share_milli}/1000 more does not fit")
+                        continue
                     overlap = uuid == uuid_taken or (
                         wanted["physical"] == taken["physical"] and (wanted["whole"] or taken["whole"]))
                     if overlap:
@@ -407,6 +443,7 @@ class Launcher:
             finished_at=record.get("finished_at"), reason=str(record.get("reason") or ""),
             pid=record.get("pid"), create_time=record.get("create_time"),
             stop_requested=bool(record.get("stop_requested")),
+            share_milli=int(record.get("share_milli") or 1000),
         )
         if allocation.state in FINISHED_STATES:
             allocation.done.set()

@@ -242,7 +242,7 @@ def parse_allocation_request(body: bytes | dict, *, max_bytes: int = MAX_REQUEST
     if not isinstance(gpus, list) or not gpus or len(gpus) > 64:
         raise ProtocolError("gpus", "expected a non-empty list of GPU UUIDs")
     dist = _object(data, "distributed", "")
-    return {
+    parsed = {
         "schema": schema,
         "id": _allocation_id(data),
         "command": command,
@@ -258,6 +258,19 @@ def parse_allocation_request(body: bytes | dict, *, max_bytes: int = MAX_REQUEST
             "nproc_per_node": _number(dist, "nproc_per_node", "distributed", minimum=1, integer=True),
         },
     }
+    # sharing: optional "share" for a fraction of one GPU: {"milli": 1-999, "memory_mib": N,
+    # "mig_profile": "3g.40gb"}; absent for whole GPUs (so older requests parse as before).
+    if data.get("share") is not None:
+        share = _object(data, "share", "")
+        parsed["share"] = {
+            "milli": _number(share, "milli", "share", required=True, minimum=1, maximum=999, integer=True),
+            "memory_mib": _number(share, "memory_mib", "share", minimum=0, integer=True) or 0,
+            "mig_profile": _string(share, "mig_profile", "share", max_length=20) or "",
+        }
+        if len(gpus) != 1:
+            raise ProtocolError("share", "a shared allocation uses exactly one GPU")
+    # sharing: end
+    return parsed
 
 
 def derive_token(secret: str | bytes, host: str) -> str:
