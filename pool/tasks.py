@@ -32,6 +32,8 @@ from django.utils import timezone
 
 from agent.protocol import derive_token
 
+from core import faults
+
 from . import ingest, poller, rollups
 from .models import Host, PollRound
 from .tokens import agent_secret
@@ -129,6 +131,7 @@ def poll_chunk(round_id: int, host_ids: list[int], lock_token: str = "", deadlin
     results = poller.fetch_sync(targets_for(host_ids), limits_from_settings(), deadline=deadline)
     with transaction.atomic():
         stats = ingest.apply_results(results)
+        faults.pause_point("poll.ingest")  # reliability tests kill the worker here, mid-transaction
         closed = _chunk_done(round_id, stats)
     if closed is not None:
         if lock_token:

@@ -7,7 +7,8 @@ from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
 
 from . import services
-from .models import AllocationCycle, AuditEvent, Job, Placement, PlacementGpu, PoolPolicy, Tenant, TenantQuota
+from .models import (AllocationCycle, AuditEvent, Job, Placement, PlacementGpu, PoolPolicy, TaskClassRule, Tenant,
+                     TenantQuota)
 
 
 class ReadOnlyAdmin(admin.ModelAdmin):
@@ -41,6 +42,13 @@ class PoolPolicyAdmin(admin.ModelAdmin):
     list_display = ("pool", "mode", "threshold_gpus", "manual_when_crossing_spines", "manual_for_overrides",
                     "manual_for_preemptions")
     list_select_related = ("pool",)
+
+
+@admin.register(TaskClassRule)
+class TaskClassRuleAdmin(admin.ModelAdmin):
+    """A row overrides settings SCHEDULER_TASK_CLASSES for its class (read at every cycle)."""
+    list_display = ("task_class", "pack_tightly", "prefer_healthy_leaves", "prefer_lightly_loaded", "preemptible",
+                    "requires_fp64", "leftovers_only", "whole_gpus")
 
 
 def _each(modeladmin, request, queryset, call, verb):
@@ -83,9 +91,9 @@ class PlacementGpuInline(admin.TabularInline):
 
 @admin.register(Placement)
 class PlacementAdmin(ReadOnlyAdmin):
-    list_display = ("id", "job", "state", "hosts", "leaves", "pod_crossings", "is_override", "decided_by_name",
-                    "decided_at", "expires_at")
-    list_filter = ("state", "is_override", "borrowed")
+    list_display = ("id", "job", "kind", "state", "hosts", "leaves", "pod_crossings", "site", "is_override",
+                    "decided_by_name", "decided_at", "expires_at")
+    list_filter = ("state", "kind", "is_override", "borrowed")
     list_select_related = ("job",)
     search_fields = ("job__name", "job__id")
     inlines = (PlacementGpuInline,)

@@ -55,6 +55,8 @@ from fabric.fattree import natural_key
 from pool.models import Host
 from pool.tokens import token_for
 
+from core import faults
+
 from . import signals
 from .audit import SYSTEM, record
 from .models import AuditEvent, Job, Placement, PlacementGpu
@@ -214,6 +216,12 @@ def allocation_requests(job: Job, placement_id: int, parts: list[Part]) -> list[
     env = {str(k): v if isinstance(v, str) else json.dumps(v) for k, v in (job.env or {}).items()}
     env["FABRICPOOL_JOB_ID"] = str(job.pk)
     total = sum(len(p.gpus) for p in parts)
+    share = None  # sharing: a fractional placement tells the agent its share (and MIG profile)
+    if job.gpu_milli or job.gpu_memory_mib or job.mig_profile:
+        row = PlacementGpu.objects.filter(placement_id=placement_id, share_milli__lt=1000).values_list(
+            "share_milli", "memory_mib").first()
+        if row:
+            share = {"milli": row[0], "memory_mib": row[1], **({"mig_profile": job.mig_profile} if job.mig_profile else {})}
     requests = []
     for rank, part in enumerate(parts):
         request = {
@@ -224,6 +232,8 @@ def allocation_requests(job: Job, placement_id: int, parts: list[Part]) -> list[
             "gpus": list(part.gpus),
             "workload": job.task_class,
         }
+        if share:
+            request["share"] = share  # sharing
         if job.estimated_runtime_s is not None:
             request["duration_s"] = job.estimated_runtime_s  # how long the simulator's fake work runs
         if len(parts) > 1:
@@ -261,6 +271,8 @@ def begin(placement_id: int) -> Placement | None:
         job, placement = _lock(placement_id)
         if placement is None or placement.stop_requested_at is not None:
             return None
+        if placement.kind == Placement.Kind.PREEMPTION and not placement.placement_gpus.filter(active=True).exists():
+            return None  # its victims are still stopping: scheduler.cycle.claim_preemptions sends it later
         if placement.state == Placement.State.DISPATCHING:
             return placement  # a retry or a redelivered message: send again (idempotent)
         if placement.state != Placement.State.APPROVED:
@@ -354,6 +366,7 @@ def dispatch(placement_id: int, *, attempt: int = 0, last_attempt: bool = True) 
 
     calls = [Call(p.host, "POST", agent_url(p.url), token_for(p.host), body) for p, body in zip(parts, requests)]
     answers = call_agents(calls)
+    faults.pause_point("dispatch.sent")  # reliability tests kill the worker here: agents have it, we have not noted it
     refused = [a for a in answers if not a.ok and not a.transient]
     unanswered = [a for a in answers if not a.ok and a.transient]
     if not refused and not unanswered:
@@ -439,7 +452,9 @@ def resend_stuck(now=None) -> list[int]:
         Q(state=Placement.State.APPROVED) & (Q(decided_at__lte=cutoff) | Q(decided_at__isnull=True,
                                                                           created_at__lte=cutoff))
         | Q(state=Placement.State.DISPATCHING, dispatched_at__lte=cutoff),
-        stop_requested_at__isnull=True).order_by("pk").values_list("id", "state"))
+        stop_requested_at__isnull=True).exclude(  # preemptions waiting for their victims have nothing to send
+        Q(kind=Placement.Kind.PREEMPTION) & ~Q(placement_gpus__active=True)).order_by("pk").distinct()
+        .values_list("id", "state"))
     if not candidates:
         return []
     recent = set(AuditEvent.objects.filter(placement_id__in=list(candidates), action__in=DISPATCH_ACTIVITY,

@@ -49,6 +49,7 @@ from . import signals
 from .audit import SYSTEM
 from .dispatch import ack_allocations, allocation_id, placement_id_of, stop_placement
 from .models import AuditEvent, Job, Placement, PlacementGpu
+from .policy import MOVED, MOVED_PREFIX, PREEMPTED, PREEMPTED_PREFIX
 
 log = logging.getLogger(__name__)
 
@@ -257,11 +258,26 @@ def _end(p: Placement, job: Job, ends: list[dict], now, stats: Stats, events: li
         state, job_state = Placement.State.CANCELLED, Job.State.CANCELLED
         message = p.message or "stopped after the job was cancelled"
         exit_code = next((d.get("exit_code") for d in ends if d.get("exit_code") is not None), None)
+    requeue = (state == Placement.State.CANCELLED and p.message.startswith((PREEMPTED_PREFIX, MOVED_PREFIX))
+               and job.state in (Job.State.APPROVED, Job.State.DISPATCHING, Job.State.RUNNING))
+    if requeue:
+        state = Placement.State.PREEMPTED  # stopped by the scheduler; the job goes back to the queue
     Placement.objects.filter(pk=p.pk).update(state=state, finished_at=now, started_at=p.started_at or now,
                                              message=message[:2000], version=F("version") + 1)
     PlacementGpu.objects.filter(placement_id=p.pk, active=True).update(active=False)
     stats.ended += 1
     before = job.state
+    if requeue:
+        preempted = p.message.startswith(PREEMPTED_PREFIX)
+        text = (f"Stopped: {p.message}; back in the queue." if preempted
+                else "Stopped to be restarted elsewhere (rebalancing); back in the queue.")
+        Job.objects.filter(pk=job.pk).update(
+            state=Job.State.PENDING, state_changed_at=now, pending_reason=PREEMPTED if preempted else MOVED,
+            pending_message=text, expected_start=None, preemption_count=F("preemption_count") + int(preempted))
+        stats.job_changes.setdefault(Job.State.PENDING, []).append(job.pk)
+        events.append(_event(now, "preempted" if preempted else "moved", job, p, text, {"exit_codes": codes},
+                             before, Job.State.PENDING))
+        return
     if job.state in (Job.State.APPROVED, Job.State.DISPATCHING, Job.State.RUNNING):
         Job.objects.filter(pk=job.pk).update(state=job_state, state_changed_at=now, finished_at=now,
                                              started_at=job.started_at or now, pending_reason="", pending_message="",

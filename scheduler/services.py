@@ -26,7 +26,7 @@ from pool.models import Gpu, Pool
 
 from . import audit, engine, signals, snapshot
 from .models import Job, Placement, PlacementGpu, PoolPolicy, Tenant
-from .policy import operator_needed
+from .policy import MOVED_PREFIX, PREEMPTED_PREFIX, operator_needed, request_stops, victim_placements
 
 log = logging.getLogger(__name__)
 
@@ -153,7 +153,11 @@ def _after_commit(approved_ids=(), job_ids=(), to_state="", stop_ids=()) -> None
 
 
 def _approve_now(p: Placement, actor, now, message: str) -> None:
-    """Proposed -> approved (placement and job), audited; dispatch after commit."""
+    """Proposed -> approved (placement and job), audited; dispatch after commit. A preemption
+    instead stops its victims (it is dispatched once they stopped); a move is accepted."""
+    if p.kind == Placement.Kind.REBALANCE:
+        _accept_move(p, actor, now)
+        return
     name = audit.actor_name(actor)
     # Read the job's state now: after the update below a refreshed placement reloads it as approved.
     from_state = Job.objects.filter(pk=p.job_id).values_list("state", flat=True).get()
@@ -163,7 +167,27 @@ def _approve_now(p: Placement, actor, now, message: str) -> None:
     Job.objects.filter(pk=p.job_id).update(state=Job.State.APPROVED, state_changed_at=now)
     audit.record(actor, "approve", job=p.job_id, placement=p, from_state=from_state, to_state=Job.State.APPROVED,
                  message=message)
+    if p.kind == Placement.Kind.PREEMPTION:
+        stops = request_stops(victim_placements(p.gains), f"{PREEMPTED_PREFIX}{p.job_id} (placement {p.pk})", now,
+                              name, "preempt", {"by_job": p.job_id, "by_placement": p.pk})
+        _after_commit(job_ids=[p.job_id], to_state=Job.State.APPROVED, stop_ids=stops)
+        return
     _after_commit(approved_ids=[p.pk], job_ids=[p.job_id], to_state=Job.State.APPROVED)
+
+
+def _accept_move(p: Placement, actor, now) -> None:
+    """A rebalancing move accepted: the running placement it replaces is stopped (the job goes
+    back to the queue when its agents confirm, scheduler.reconcile); the proposal is done."""
+    name = audit.actor_name(actor)
+    Placement.objects.filter(pk=p.pk).update(
+        state=Placement.State.FINISHED, decided_by=actor, decided_by_name=name, decided_at=now, expires_at=None,
+        finished_at=now, message=f"accepted by {name}", version=F("version") + 1)
+    stops = request_stops([p.moves_placement_id], f"{MOVED_PREFIX} (accepted by {name})", now, name, "move",
+                          {"proposal": p.pk, **(p.gains or {})}) if p.moves_placement_id else []
+    audit.record(actor, "accept_move", job=p.job_id, placement=p,
+                 message=f"move accepted by {name}" + ("; stopping the running placement" if stops else
+                                                       "; the placement it would move is no longer running"))
+    _after_commit(stop_ids=stops)
 
 
 # -- decisions -----------------------------------------------------------------------------------
@@ -190,6 +214,11 @@ def reject(placement, actor, reason: str, expected_version) -> Placement:
         Placement.objects.filter(pk=p.pk).update(
             state=Placement.State.REJECTED, decided_by=actor, decided_by_name=name, decided_at=now,
             reject_reason=reason, expires_at=None, finished_at=now, version=F("version") + 1)
+        if p.kind == Placement.Kind.REBALANCE:  # the job keeps running where it is
+            audit.record(actor, "reject", job=p.job_id, placement=p, message=f"move {message}",
+                         data={"reason": reason})
+            p.refresh_from_db()
+            return p
         _release_gpus(p)
         Job.objects.filter(pk=p.job_id).update(state=Job.State.PENDING, state_changed_at=now, pending_reason=REJECTED,
                                                pending_message=message[:1].upper() + message[1:] + ".",
@@ -216,6 +245,9 @@ def override(placement, actor, gpu_ids, expected_version) -> Placement:
 
     def work(p):
         _check(p, expected_version)
+        if p.kind in (Placement.Kind.PREEMPTION, Placement.Kind.REBALANCE):
+            raise NotDecidable(f"Placement {p.pk} is a {p.get_kind_display()}: approve or reject it; its GPUs "
+                               "cannot be overridden.")
         if not chosen:
             raise InvalidOverride("The override names no GPUs (give GPU ids).", ["No GPUs were chosen."])
         now = timezone.now()
@@ -320,7 +352,8 @@ MAX_RUNTIME_S = 366 * 24 * 3600
 def submit_job(actor, *, tenant, pool, gpus, command, env=None, name="", gpu_models=(), min_memory_mib=0, fp64="",
                site="", task_class=Job.TaskClass.TRAINING, priority=0, gang=True, whole_hosts=True,
                estimated_runtime_s=None, max_runtime_s=None, preemptible=False, max_leaves=None,
-               topology_hard=False, max_wait_s=0) -> Job:
+               topology_hard=False, max_wait_s=0, restartable=False, allow_remote_site=False,
+               grace_period_s=30) -> Job:
     """Validate and queue a job; ask for a cycle soon. `tenant`/`pool`: rows or names.
     `actor` None: a trusted caller (the command line). Raises ValidationError({field: message})."""
     if actor is not None:
@@ -355,6 +388,7 @@ def submit_job(actor, *, tenant, pool, gpus, command, env=None, name="", gpu_mod
     max_runtime_s = whole("max_runtime_s", max_runtime_s, 1, MAX_RUNTIME_S, optional=True)
     max_leaves = whole("max_leaves", max_leaves, 1, 100_000, optional=True)
     max_wait_s = whole("max_wait_s", max_wait_s or 0, 0, MAX_RUNTIME_S)
+    grace_period_s = whole("grace_period_s", 30 if grace_period_s is None else grace_period_s, 0, 3600)
     if estimated_runtime_s and max_runtime_s and estimated_runtime_s > max_runtime_s:
         errors["estimated_runtime_s"] = f"{estimated_runtime_s} s is longer than the maximum run time {max_runtime_s} s"
     models_ = list(gpu_models or [])
@@ -379,6 +413,8 @@ def submit_job(actor, *, tenant, pool, gpus, command, env=None, name="", gpu_mod
     site = (site or "").strip()
     if len(site) > 100:
         errors["site"] = "at most 100 characters"
+    if allow_remote_site and not site:
+        errors["allow_remote_site"] = "a job may run at another site only when it names its home site"
     if errors:
         raise ValidationError({k: [v] for k, v in errors.items()})
 
@@ -390,6 +426,7 @@ def submit_job(actor, *, tenant, pool, gpus, command, env=None, name="", gpu_mod
             whole_hosts=bool(whole_hosts),
             estimated_runtime_s=estimated_runtime_s, max_runtime_s=max_runtime_s, preemptible=bool(preemptible),
             max_leaves=max_leaves, topology_hard=bool(topology_hard), max_wait_s=max_wait_s, command=list(command),
+            restartable=bool(restartable), allow_remote_site=bool(allow_remote_site), grace_period_s=grace_period_s,
             env=dict(env), submitted_by=actor if actor is not None else None, state=Job.State.PENDING,
             state_changed_at=now, created_at=now, pending_reason="new",
             pending_message="Submitted; waiting for the next allocation cycle.")

@@ -17,6 +17,12 @@ What counts:
   a 2-tier fabric is one pod.
 * Running: every active placement (proposed, approved, dispatching, running) with its
   expected end: started_at (or now, not started yet) + estimated run time (else maximum).
+  A running placement is a preemption candidate when its job is preemptible, it was
+  borrowed and no stop was requested. An approved or proposed preemption that has not yet
+  got its GPUs (its victims still stop) holds those of its GPUs nobody else holds.
+* Policies: task class rules (TaskClassRule rows over settings SCHEDULER_TASK_CLASSES),
+  inter-site links, and for restartable running jobs how long their GPUs have been idle
+  (1-minute rollups below REBALANCE_IDLE_UTILIZATION since the placement started).
 * GPUs that agents report busy with work the scheduler does not know (pool.Gpu
   .foreign_busy_until, set by scheduler.reconcile) are not free.
 * Queue: pending and preempted jobs, except those whose dispatch failed less than
@@ -29,7 +35,7 @@ way every time; other queries skip the models' default ordering (sorts and joins
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 
 from django.conf import settings
@@ -37,12 +43,12 @@ from django.db.models import Q
 from django.utils import timezone
 
 from fabric.fattree import natural_key
-from fabric.models import Link, Switch
-from pool.models import Gpu, Host
+from fabric.models import InterSiteLink, Link, Switch
+from pool.models import Gpu, GpuRollup, Host, Resolution
 
 from . import engine
 from .dispatch import DISPATCH_FAILED
-from .models import Job, Placement, PlacementGpu, PoolPolicy, Tenant, TenantQuota
+from .models import Job, Placement, PlacementGpu, PoolPolicy, TaskClassRule, Tenant, TenantQuota
 
 QUEUED_STATES = (Job.State.PENDING, Job.State.PREEMPTED)
 LINK_WEIGHT = {Link.State.UP: 0.0, Link.State.DEGRADED: 0.5, Link.State.DOWN: 1.0, Link.State.MISSING: 1.0}
@@ -88,7 +94,8 @@ def runtime_of(estimated, maximum) -> float | None:
 
 
 def engine_job(job_id, tenant, pool, gpus, gpu_models, min_memory_mib, fp64, site, task_class, priority, gang,
-               whole_hosts, estimated, maximum, max_leaves, hard, max_wait, created_at) -> engine.Job:
+               whole_hosts, estimated, maximum, max_leaves, hard, max_wait, created_at,
+               allow_remote_site=False) -> engine.Job:
     topology = None
     if max_leaves:
         topology = engine.TopologyRequirement(max_leaves=max_leaves, hard=hard, max_wait_s=float(max_wait or 0))
@@ -97,14 +104,17 @@ def engine_job(job_id, tenant, pool, gpus, gpu_models, min_memory_mib, fp64, sit
     return engine.Job(id=job_id, tenant=tenant, pool=pool, gpus=gpus, constraints=constraints, task_class=task_class,
                       priority=priority, submit_time=created_at.timestamp(), gang=gang,
                       estimated_runtime=float(estimated) if estimated else None,
-                      max_runtime=float(maximum) if maximum else None, topology=topology, whole_hosts=whole_hosts)
+                      max_runtime=float(maximum) if maximum else None, topology=topology, whole_hosts=whole_hosts,
+                      # Its wait (max_wait_s) is also how long it waits at home before another site.
+                      allow_remote_site=bool(allow_remote_site and site), remote_after_s=float(max_wait or 0))
 
 
 def job_for_engine(job: Job) -> engine.Job:
     """One Job row as the engine sees it (overrides validate with it)."""
     return engine_job(job.pk, job.tenant.name, job.pool.name, job.gpus, job.gpu_models, job.min_memory_mib, job.fp64,
                       job.site, job.task_class, job.priority, job.gang, job.whole_hosts, job.estimated_runtime_s,
-                      job.max_runtime_s, job.max_leaves, job.topology_hard, job.max_wait_s, job.created_at)
+                      job.max_runtime_s, job.max_leaves, job.topology_hard, job.max_wait_s, job.created_at,
+                      job.allow_remote_site)
 
 
 def take(now: datetime | None = None, *, with_queue: bool = True) -> Taken:
@@ -115,7 +125,8 @@ def take(now: datetime | None = None, *, with_queue: bool = True) -> Taken:
     # Active placements and their GPUs.
     placements = list(Placement.objects.filter(state__in=Placement.ACTIVE_STATES).order_by().values_list(
         "id", "job_id", "state", "started_at", "stop_requested_at", "job__tenant_id", "job__pool_id",
-        "job__estimated_runtime_s", "job__max_runtime_s", "job__preemptible"))
+        "job__estimated_runtime_s", "job__max_runtime_s", "job__preemptible", "kind", "borrowed", "job__priority",
+        "job__task_class", "job__restartable", "gains"))
     held = list(PlacementGpu.objects.filter(active=True).order_by().values_list("placement_id", "gpu_id", "gpu__host_id"))
     queries += 2
     gpus_of: dict[int, list[int]] = {}
@@ -123,6 +134,18 @@ def take(now: datetime | None = None, *, with_queue: bool = True) -> Taken:
         gpus_of.setdefault(pid, []).append(gid)
     held_gpus = {gid for _, gid, _ in held}
     held_hosts = {hid for _, _, hid in held}
+    # sharing: GPUs partly held by fractional placements (share < 1000): share, memory, MIG slices.
+    shared_use: dict[int, list[int]] = {}
+    shared_placements = set()
+    for pid, gid, milli, mem, mig in PlacementGpu.objects.filter(active=True, share_milli__lt=1000).order_by(
+            ).values_list("placement_id", "gpu_id", "share_milli", "memory_mib", "mig_device"):
+        use = shared_use.setdefault(gid, [0, 0, 0])
+        use[0] += milli
+        use[1] += mem
+        use[2] += int(mig.split("g.", 1)[0]) if mig[:1].isdigit() else 0
+        shared_placements.add(pid)
+    queries += 1
+    # sharing: end
 
     pooled = Q(pool__isnull=False, agent_kind=Host.AgentKind.FABRICPOOL)
     host_fields = ("id", "name", "pool_id", "pool__name", "site__name", "state", "fabric_id")
@@ -165,8 +188,9 @@ def take(now: datetime | None = None, *, with_queue: bool = True) -> Taken:
         foreign = foreign_until is not None and foreign_until > now  # work we do not know uses it
         free = present and hid in offering and gid not in held_gpus and not foreign
         free_count += free
+        use = shared_use.get(gid, (0, 0, 0))  # sharing: a partly shared GPU says what is taken
         gpus.append(engine.Gpu(id=gid, host=hid, index=index, model=model, memory_mib=memory, fp64=fp64, free=free,
-                               healthy=bool(present)))
+                               healthy=bool(present), used_milli=use[0], used_memory_mib=use[1], mig_slices=use[2]))
 
     # Names for the engine's ids.
     tenant_rows = list(Tenant.objects.order_by().values_list("id", "name", "usage_gpu_seconds", "usage_updated_at"))
@@ -176,8 +200,16 @@ def take(now: datetime | None = None, *, with_queue: bool = True) -> Taken:
 
     running = []
     running_by_tenant: dict[int, int] = {}
-    for pid, job_id, state, started_at, stop_at, tenant_id, pool_id, est, mx, preemptible in placements:
+    restartable = []
+    for (pid, job_id, state, started_at, stop_at, tenant_id, pool_id, est, mx, preemptible, kind, borrowed, priority,
+         task_class, restart, gains) in placements:
         ids = tuple(gpus_of.get(pid, ()))
+        if pid in shared_placements:
+            continue  # sharing: fractional, not whole GPUs; its Gpu carries its share (above)
+        if not ids and kind == Placement.Kind.PREEMPTION:
+            # Waiting for its victims: it holds what they have already freed.
+            ids = tuple(g for g in (gains or {}).get("gpu_ids", ()) if g not in held_gpus and g in known_gpus)
+            held_gpus.update(ids)
         if not ids:
             continue
         rt = runtime_of(est, mx)
@@ -187,8 +219,14 @@ def take(now: datetime | None = None, *, with_queue: bool = True) -> Taken:
             end = None
         else:
             end = (started_at.timestamp() if started_at else t) + rt
+        is_running = state == Placement.State.RUNNING and stop_at is None
         running.append(engine.Running(job_id=job_id, gpu_ids=ids, tenant=tenant_name.get(tenant_id),
-                                      pool=pool_name_of.get(pool_id), expected_end=end, preemptible=preemptible))
+                                      pool=pool_name_of.get(pool_id), expected_end=end,
+                                      preemptible=preemptible and is_running, priority=priority, borrowed=borrowed,
+                                      start=started_at.timestamp() if is_running and started_at else None,
+                                      task_class=task_class, restartable=restart and is_running, placement=pid))
+        if restart and is_running and started_at:
+            restartable.append((ids, started_at))
         if state == Placement.State.RUNNING:
             running_by_tenant[tenant_id] = running_by_tenant.get(tenant_id, 0) + len(ids)
 
@@ -209,22 +247,87 @@ def take(now: datetime | None = None, *, with_queue: bool = True) -> Taken:
             "id", "tenant_id", "pool_id", "pool__name", "gpus", "gpu_models", "min_memory_mib", "fp64", "site",
             "task_class", "priority", "gang", "whole_hosts", "estimated_runtime_s", "max_runtime_s", "max_leaves",
             "topology_hard", "max_wait_s", "created_at", "state", "pending_reason", "pending_message",
-            "expected_start")
+            "expected_start", "allow_remote_site")
         queries += 1
         for (jid, tid, pid, pname, n, models_, mem, fp64, site, task, prio, gang, whole, est, mx, max_leaves, hard,
-             wait, created, state, reason, message, expected) in rows.iterator(chunk_size=5000):
+             wait, created, state, reason, message, expected, remote) in rows.iterator(chunk_size=5000):
             queue.append(engine_job(jid, tenant_name[tid], pname, n, models_, mem, fp64, site, task, prio, gang, whole,
-                                    est, mx, max_leaves, hard, wait, created))
+                                    est, mx, max_leaves, hard, wait, created, remote))
             pending[jid] = PendingRow(state, reason, message, expected, tid, pid, n)
             pool_ids.setdefault(pname, pid)
 
+    # sharing: what fractional queued jobs ask for (one small query; most jobs take whole GPUs).
+    if queue:
+        fractions = {jid: (milli, mem, mig) for jid, milli, mem, mig in Job.objects.filter(
+            state__in=QUEUED_STATES).exclude(gpu_milli=0, gpu_memory_mib=0, mig_profile="").order_by().values_list(
+            "id", "gpu_milli", "gpu_memory_mib", "mig_profile")}
+        queries += 1
+        if fractions:
+            queue = [replace(j, gpu_milli=fractions[j.id][0], gpu_memory_mib=fractions[j.id][1],
+                             mig_profile=fractions[j.id][2]) if j.id in fractions else j for j in queue]
+    # sharing: end
     policies = {p.pool_id: p for p in PoolPolicy.objects.select_related("pool")}
     queries += 1
+    rules, links, q = policy_inputs()
+    queries += q
+    idle, q = idle_seconds(restartable, now)
+    queries += q
     snap = engine.Snapshot(gpus=gpus, hosts=hosts, leaves=leaves, pods=pods, running=running, queue=queue,
-                           quotas=quotas, now=t)
+                           quotas=quotas, now=t, class_rules=rules, site_links=links, gpu_idle_s=idle,
+                           idle_threshold_s=float(settings.REBALANCE_IDLE_S))
     return Taken(snapshot=snap, now=now, pending=pending, policies=policies, pool_ids=pool_ids,
                  gpus_total=len(gpus), gpus_free=free_count, running_gpus_by_tenant=running_by_tenant,
                  queries=queries)
+
+
+RULE_FIELDS = ("pack_tightly", "prefer_healthy_leaves", "prefer_lightly_loaded", "preemptible", "requires_fp64",
+               "leftovers_only", "whole_gpus")
+
+
+def class_rules() -> dict[str, engine.ClassRule]:
+    """Task class -> rule: the admin's TaskClassRule rows over settings SCHEDULER_TASK_CLASSES."""
+    rules = {}
+    for name, values in (getattr(settings, "SCHEDULER_TASK_CLASSES", None) or {}).items():
+        unknown = set(values) - set(RULE_FIELDS)
+        if unknown:
+            raise ValueError(f"settings SCHEDULER_TASK_CLASSES[{name!r}]: unknown keys {sorted(unknown)}; "
+                             f"allowed: {', '.join(RULE_FIELDS)}")
+        rules[name] = engine.ClassRule(**values)
+    for row in TaskClassRule.objects.order_by().values("task_class", *RULE_FIELDS):
+        name = row.pop("task_class")
+        rules[name] = engine.ClassRule(**row)
+    return rules
+
+
+def policy_inputs():
+    """(class rules, {frozenset({site a, site b}): SiteLink}, queries)."""
+    links = {frozenset((a, b)): engine.SiteLink(latency_ms=lat, bandwidth_gbps=bw, healthy=ok)
+             for a, b, lat, bw, ok in InterSiteLink.objects.order_by().values_list(
+                 "site_a__name", "site_b__name", "latency_ms", "bandwidth_gbps", "healthy")}
+    return class_rules(), links, 2
+
+
+def idle_seconds(restartable: list[tuple[tuple, datetime]], now: datetime) -> tuple[dict, int]:
+    """GPU id -> seconds its utilization has stayed below REBALANCE_IDLE_UTILIZATION, for the
+    GPUs of restartable running placements (from 1-minute rollups since the placement
+    started). A GPU without samples since then is not called idle (no data is not idleness)."""
+    if not restartable:
+        return {}, 0
+    since = {g: started for ids, started in restartable for g in ids}
+    floor = float(settings.REBALANCE_IDLE_UTILIZATION)
+    first = min(since.values())
+    last_busy: dict[int, datetime] = {}
+    seen: dict[int, datetime] = {}
+    for gid, t, util in GpuRollup.objects.filter(gpu_id__in=list(since), resolution=Resolution.MINUTE,
+                                                 t__gte=first).order_by().values_list("gpu_id", "t",
+                                                                                      "utilization_max"):
+        if t < since[gid]:
+            continue
+        seen[gid] = min(seen.get(gid, t), t)
+        if util is not None and util >= floor and t > last_busy.get(gid, since[gid]):
+            last_busy[gid] = t
+    idle = {gid: max(0.0, (now - last_busy.get(gid, since[gid])).total_seconds()) for gid in seen}
+    return idle, 1
 
 
 def _fabric(host_ids, fabric_ids):

@@ -6,16 +6,18 @@ allocation cycle snapshots the database into these dataclasses and persists the 
 
 Modules: model (dataclasses), index (numbered fabric and incremental free counters),
 placement (where one job goes), plan (order, quotas, backfill, explanations), validate
-(cost of a GPU set chosen by hand).
+(cost of a GPU set chosen by hand), policies (preemption, remote sites, rebalancing;
+run by plan after the plain cycle).
 """
-from .model import (CONSTRAINTS, PRIORITY, QUOTA, REASONS, RESERVED, RESOURCES, TOPOLOGY_WAIT, UNHEALTHY_HOSTS,
-                    Constraints, Cost, Decision, Gpu, Host, Job, Leaf, Plan, Pod, Quota, Reservation, Running,
-                    Snapshot, SnapshotError, TopologyRequirement)
+from .model import (CONSTRAINTS, PLACE, PREEMPTION, PRIORITY, QUOTA, REASONS, REBALANCE, REMOTE, RESERVED, RESOURCES,
+                    TOPOLOGY_WAIT, UNHEALTHY_HOSTS, ClassRule, Constraints, Cost, Decision, Gpu, Host, Job, Leaf, Move,
+                    Plan, Pod, Quota, Reservation, Running, SiteLink, Snapshot, SnapshotError, TopologyRequirement)
 from .plan import plan, queue_order
 from .validate import validate_and_cost
 
 __all__ = [
-    "CONSTRAINTS", "PRIORITY", "QUOTA", "REASONS", "RESERVED", "RESOURCES", "TOPOLOGY_WAIT", "UNHEALTHY_HOSTS",
-    "Constraints", "Cost", "Decision", "Gpu", "Host", "Job", "Leaf", "Plan", "Pod", "Quota", "Reservation",
-    "Running", "Snapshot", "SnapshotError", "TopologyRequirement", "plan", "queue_order", "validate_and_cost",
+    "CONSTRAINTS", "PLACE", "PREEMPTION", "PRIORITY", "QUOTA", "REASONS", "REBALANCE", "REMOTE", "RESERVED",
+    "RESOURCES", "TOPOLOGY_WAIT", "UNHEALTHY_HOSTS", "ClassRule", "Constraints", "Cost", "Decision", "Gpu", "Host",
+    "Job", "Leaf", "Move", "Plan", "Pod", "Quota", "Reservation", "Running", "SiteLink", "Snapshot", "SnapshotError",
+    "TopologyRequirement", "plan", "queue_order", "validate_and_cost",
 ]

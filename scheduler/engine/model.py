@@ -19,6 +19,9 @@ UNHEALTHY_HOSTS = "unhealthy_hosts"  # only hosts/GPUs marked unhealthy could sa
 RESERVED = "reserved_for_higher_priority"  # fits only on GPUs held for a higher-ranked job
 REASONS = (RESOURCES, PRIORITY, QUOTA, TOPOLOGY_WAIT, CONSTRAINTS, UNHEALTHY_HOSTS, RESERVED)
 
+# Decision kinds (Placement.kind).
+PLACE, PREEMPTION, REMOTE, REBALANCE = "place", "preemption", "remote", "rebalance"
+
 
 class SnapshotError(ValueError):
     """The snapshot itself is inconsistent (unknown host, duplicate id...). Nothing is planned."""
@@ -34,6 +37,10 @@ class Gpu:
     fp64: str = "unknown"  # the pool's FP64 class: "high", "low" or "unknown"
     free: bool = True  # not in any active placement (running placements are also subtracted)
     healthy: bool = True
+    # sharing: a partly shared GPU (free=False) with what its fractional jobs hold.
+    used_milli: int = 0
+    used_memory_mib: int = 0
+    mig_slices: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +82,13 @@ class Running:
     pool: Hashable = None
     expected_end: float | None = None  # None: unknown, so its GPUs are never counted on
     preemptible: bool = False
+    # Policies (scheduler.engine.policies): who may be preempted or moved, and in what order.
+    priority: int = 0
+    borrowed: bool = False  # beyond its tenant's guarantee when placed: reclaimable
+    start: float | None = None  # when it started (None: not yet): youngest are preempted first
+    task_class: str = "training"
+    restartable: bool = False  # may be stopped and restarted elsewhere (rebalancing)
+    placement: Hashable = None  # the caller's placement id (the cycle's Placement pk)
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,6 +127,38 @@ class Job:
     # A job larger than one host takes whole free hosts (ceil(N / host size) of them), as
     # Slurm's --exclusive does; False lets it use free GPUs of partly used hosts too.
     whole_hosts: bool = True
+    # Sites: constraints.site is its home site. With allow_remote_site, once it has waited
+    # remote_after_s without starting there, another site may be proposed (never a split gang).
+    allow_remote_site: bool = False
+    remote_after_s: float = 0.0
+    # sharing: a fraction of one GPU (engine.sharing); gpus is then 1.
+    gpu_milli: int = 0
+    gpu_memory_mib: int = 0
+    mig_profile: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class ClassRule:
+    """How the engine treats one task class (TaskClassRule rows, else settings defaults)."""
+    pack_tightly: bool = True  # fewest leaves first: the default cost order (False changes nothing yet)
+    prefer_healthy_leaves: bool = False  # latency-sensitive: avoid leaves with degraded uplinks
+    prefer_lightly_loaded: bool = False  # latency-sensitive: the emptiest healthy leaf, not the fullest
+    preemptible: bool = True  # False: never a preemption victim, whatever the job says
+    requires_fp64: str = ""  # e.g. "high": added to jobs of this class that name no FP64 class
+    leftovers_only: bool = False  # after every other class in the queue; holds no reservation
+    whole_gpus: bool = True  # (GPU sharing decides; kept here so rules travel as one value)
+
+    @property
+    def latency_sensitive(self) -> bool:
+        return self.prefer_healthy_leaves or self.prefer_lightly_loaded
+
+
+@dataclass(frozen=True, slots=True)
+class SiteLink:
+    """A wide-area link between two sites."""
+    latency_ms: float
+    bandwidth_gbps: float
+    healthy: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,6 +181,11 @@ class Snapshot:
     # from GPUs no guarantee needs; in a pool without guarantees nothing is borrowed.
     quotas: Mapping[tuple, Quota] = field(default_factory=dict)
     now: float = 0.0
+    # Policies (all optional; empty = the plain engine).
+    class_rules: Mapping[str, ClassRule] = field(default_factory=dict)  # task class -> rule
+    site_links: Mapping[frozenset, SiteLink] = field(default_factory=dict)  # frozenset({a, b}) -> link
+    gpu_idle_s: Mapping[Hashable, float] = field(default_factory=dict)  # GPU id -> seconds at ~0 % utilization
+    idle_threshold_s: float = 3600.0  # rebalancing: allocated GPUs idle longer than this are reported
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,6 +222,13 @@ class Decision:
     borrowed_gpus: int = 0
     partial: bool = False  # a non-gang job started on fewer GPUs than it asked for
     expected_start: float | None = None  # when known (the job holding the reservation)
+    # Policies: "place", "preemption" (its GPUs are held by `victims` until they stop) or
+    # "remote" (at `site`, away from home). `gains`: what it costs and gains, for people.
+    kind: str = "place"
+    site: str = ""
+    victims: tuple = ()  # job ids
+    gains: dict = field(default_factory=dict)
+    shares: tuple = ()  # sharing: ((gpu id, milli, memory MiB, MIG device), ...) for a fractional job
 
     @property
     def status(self) -> str:
@@ -184,10 +242,23 @@ class Reservation:
     gpu_ids: tuple
 
 
+@dataclass(frozen=True, slots=True)
+class Move:
+    """Rebalancing: stop a restartable running job and restart it (on `to_gpus` if given)."""
+    job_id: Hashable
+    placement: Hashable
+    from_gpus: tuple
+    to_gpus: tuple
+    why: str  # "idle", "fragmentation" or "queue"
+    message: str
+    gains: dict
+
+
 @dataclass
 class Plan:
     decisions: list[Decision]  # one per queued job, in queue order
     reservation: Reservation | None = None
+    moves: list[Move] = field(default_factory=list)  # rebalancing proposals
 
     def by_job(self) -> dict:
         return {d.job_id: d for d in self.decisions}

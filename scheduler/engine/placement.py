@@ -31,9 +31,15 @@ SINGLE, WHOLE, LOOSE, PARTIAL = "single", "whole", "loose", "partial"
 MAX_POD_SETS = 256  # pod sets tried per size when a job must cross pods
 
 
-def choose(idx: FreeIndex, mode: str, n: int, max_leaves: int | None):
-    """(gpu ids, None) or (None, fewest leaves it would need now, or None if it cannot fit)."""
+def choose(idx: FreeIndex, mode: str, n: int, max_leaves: int | None, latency: bool = False):
+    """(gpu ids, None) or (None, fewest leaves it would need now, or None if it cannot fit).
+    `latency`: a latency-sensitive job (task class rule) goes to leaves whose uplinks are all
+    healthy when any can hold it (within its leaf limit), the least loaded first."""
     fab = idx.fab
+    if latency and mode in (SINGLE, WHOLE, LOOSE):
+        gpus = _healthy_only(idx, mode, n, max_leaves)
+        if gpus is not None:
+            return gpus, None
     if mode == SINGLE:
         h = idx.tightest_host(n)
         if h is None:
@@ -51,6 +57,27 @@ def choose(idx: FreeIndex, mode: str, n: int, max_leaves: int | None):
     for g, amount in amounts:
         gpus.extend(_from_group(idx, g, amount, whole))
     return tuple(gpus), None
+
+
+def _healthy_only(idx: FreeIndex, mode: str, n: int, max_leaves: int | None):
+    fab = idx.fab
+    pen = fab.group_pen
+    if mode == SINGLE:
+        # The healthy leaf with the most free GPUs (lightly loaded), then the tightest host there.
+        hosts = [h for h in idx.hosts if idx.hfree[h] >= n and pen[fab.host_group[h]] == 0]
+        if not hosts:
+            return None
+        h = min(hosts, key=lambda h: (-idx.gfree[fab.host_group[h]], idx.hfree[h], h))
+        return tuple(idx.free[h][:n])
+    whole = mode == WHOLE
+    caps = [c if pen[g] == 0 else 0 for g, c in enumerate(idx.gwhole if whole else idx.gfree)]
+    k = Leaves(caps, pen).min_leaves(n)
+    if k is None or (max_leaves is not None and k > max_leaves):
+        return None
+    gpus = []
+    for g, amount in _leaf_set(idx, caps, n, k):
+        gpus.extend(_from_group(idx, g, amount, whole))
+    return tuple(gpus)
 
 
 def _leaf_set(idx: FreeIndex, caps: list[int], n: int, k: int) -> list[tuple[int, int]]:

@@ -16,6 +16,11 @@ maximum), and the GPUs it will take then (the best placement at that time). Thos
 are free now are held: later jobs use other GPUs, or held ones only if their estimated run
 time ends before the reservation starts.
 
+Task classes (Snapshot.class_rules): a class that requires an FP64 class gets it as a
+constraint; latency-sensitive classes go to leaves with healthy uplinks, the least loaded
+first, when any can hold them; leftovers-only classes come after every other job and hold
+no reservation. Then scheduler.engine.policies adds preemptions, remote sites and moves.
+
 Speed: within a cycle free room only shrinks, so once a job of N GPUs of some class and
 shape failed, every later job of that class and shape with N or more fails too; that is
 remembered (per class, shape, with or without the held GPUs) and answers them in O(1).
@@ -23,28 +28,42 @@ remembered (per class, shape, with or without the held GPUs) and answers them in
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 from .index import Capacity, Fabric, FreeIndex, Leaves
-from .model import (CONSTRAINTS, PRIORITY, QUOTA, RESERVED, RESOURCES, TOPOLOGY_WAIT, UNHEALTHY_HOSTS, Decision,
-                    Cost, Job, Plan, Quota, Reservation, Snapshot, SnapshotError)
+from .model import (CONSTRAINTS, PRIORITY, QUOTA, RESERVED, RESOURCES, TOPOLOGY_WAIT, UNHEALTHY_HOSTS, ClassRule,
+                    Decision, Cost, Job, Plan, Quota, Reservation, Snapshot, SnapshotError)
 from .placement import LOOSE, PARTIAL, SINGLE, WHOLE, choose, describe
 
 NO_QUOTA = Quota()
+NO_RULE = ClassRule()
 INF = math.inf
 
 
-def plan(snapshot: Snapshot) -> Plan:
-    """Decide every queued job. Raises SnapshotError if the snapshot contradicts itself."""
-    return _Cycle(snapshot).run()
+def plan(snapshot: Snapshot, *, policies: bool = True) -> Plan:
+    """Decide every queued job, then (policies) propose preemptions, remote sites and moves.
+    Raises SnapshotError if the snapshot contradicts itself."""
+    cycle = _Cycle(snapshot)
+    result = cycle.run()
+    if policies:
+        from .policies import apply  # policies build on this module
+
+        apply(cycle, result)
+    return result
 
 
 def queue_order(snapshot: Snapshot) -> list[Job]:
     quotas = snapshot.quotas
+    # Classes that take what is left (rendering by default) come after every other job.
+    last = {c for c, r in snapshot.class_rules.items() if r.leftovers_only}
 
     def fair_share(job):
         q = quotas.get((job.tenant, job.pool), NO_QUOTA)
         return q.usage / q.guaranteed if q.guaranteed > 0 else INF
 
+    if last:
+        return sorted(snapshot.queue,
+                      key=lambda j: (j.task_class in last, -j.priority, fair_share(j), j.submit_time, j.id))
     return sorted(snapshot.queue, key=lambda j: (-j.priority, fair_share(j), j.submit_time, j.id))
 
 
@@ -179,14 +198,33 @@ class _Cycle:
             self.pool_free[p] = self.pool_free.get(p, 0) + sign
 
     # -- the cycle ---------------------------------------------------------------------------
+    def rule(self, job: Job) -> ClassRule:
+        return self.snap.class_rules.get(job.task_class, NO_RULE)
+
     def run(self) -> Plan:
-        decisions = [self.decide(rank, job) for rank, job in enumerate(queue_order(self.snap))]
+        jobs = queue_order(self.snap)
+        rules = self.snap.class_rules
+        # Class rules as sets of class names: a set lookup per job is all the plain path pays.
+        self.latency_classes = {c for c, r in rules.items() if r.latency_sensitive}
+        self.leftover_classes = {c for c, r in rules.items() if r.leftovers_only}
+        if any(r.requires_fp64 for r in rules.values()):
+            # A class that needs FP64 (science) gets it as a constraint unless the job names one.
+            jobs = [replace(j, constraints=replace(j.constraints, fp64=rules[j.task_class].requires_fp64))
+                    if j.task_class in rules and rules[j.task_class].requires_fp64 and j.constraints.fp64 is None
+                    else j for j in jobs]
+        self.jobs = jobs
+        decisions = [self.decide(rank, job) for rank, job in enumerate(jobs)]
         return Plan(decisions=decisions, reservation=self.reservation)
 
     def decide(self, rank: int, job: Job) -> Decision:
         def pending(reason, message, **kw):
             return Decision(job_id=job.id, rank=rank, placed=False, reason=reason, message=message, **kw)
 
+        # sharing: a job asking for a fraction of one GPU is packed by engine.sharing.
+        if job.gpu_milli or job.gpu_memory_mib or job.mig_profile:
+            from .sharing import decide as decide_shared
+            return decide_shared(self, rank, job)
+        # sharing: end
         n = job.gpus
         if not isinstance(n, int) or isinstance(n, bool) or n < 1:
             return pending(CONSTRAINTS, f"It asks for {n!r} GPUs; a job needs a whole number of at least 1.")
@@ -237,11 +275,12 @@ class _Cycle:
                                           "are not needed by other tenants' guarantees.")
 
         limit = self._active_limit(job)
-        gpus, k_now = self._try(cls, mode, want, limit, held=False)
+        latency = job.task_class in self.latency_classes
+        gpus, k_now = self._try(cls, mode, want, limit, held=False, latency=latency)
         if gpus is None and self.held and self._ends_before_reservation(job):
             # Short enough to finish before the reservation starts: the held GPUs may serve.
             self._release_held()
-            gpus, _ = self._try(cls, mode, want, limit, held=True)
+            gpus, _ = self._try(cls, mode, want, limit, held=True, latency=latency)
             decision = self._placed(rank, job, cls, mode, gpus, limit) if gpus is not None else None
             self._hold_again()
             if decision is not None:
@@ -274,7 +313,7 @@ class _Cycle:
         else:
             reason = RESOURCES
             message = f"It {shape}; {self._room_now(cls, mode)}."
-        if self.reservation is None and not self.reservation_tried:
+        if self.reservation is None and not self.reservation_tried and job.task_class not in self.leftover_classes:
             r = self._reserve(job, cls, mode, want)
             if r is not None:
                 expected = r.start
@@ -293,12 +332,12 @@ class _Cycle:
             return topo.max_leaves
         return None
 
-    def _try(self, cls: _Class, mode: str, n: int, limit, held: bool):
+    def _try(self, cls: _Class, mode: str, n: int, limit, held: bool, latency: bool = False):
         # The shortcut is only kept for jobs without a leaf limit (rare jobs with one are tried).
         key = (mode, held)
         if limit is None and n >= cls.failed.get(key, INF):
             return None, None
-        gpus, k = choose(cls.idx, mode, n, limit)
+        gpus, k = choose(cls.idx, mode, n, limit, latency=latency)
         if gpus is None and limit is None:
             cls.failed[key] = min(cls.failed.get(key, INF), n)
         return gpus, k
@@ -469,6 +508,8 @@ class _Cycle:
                 f"; counting partly used hosts too, {bound} could."
         if cost.health_penalty > 0:
             text += f" Its leaves carry a health penalty of {cost.health_penalty:g}: no healthier room was as good."
+        elif job.task_class in self.latency_classes and not partial:
+            text += f" As a latency-sensitive {job.task_class} job it went to a healthy, lightly loaded leaf."
         topo = job.topology
         if topo is not None and limit is None and not topo.hard and cost.leaves > topo.max_leaves:
             text += (f" Its soft limit of {topo.max_leaves} leaves was dropped after waiting "
