@@ -6,11 +6,15 @@ Compact by design: the pool view is column arrays (one entry per GPU), not objec
 """
 from __future__ import annotations
 
-from django.db.models import Count
+from datetime import timedelta
 
-from fabric.models import Link
-from pool.models import Gpu, Host
-from pool.selectors import pool_rows
+from django.db.models import Avg, Count, Exists, Max, OuterRef, Q, Sum
+from django.db.models.functions import TruncMinute
+from django.utils import timezone
+
+from fabric.models import Fabric, Link
+from pool.models import Gpu, GpuSample, Host
+from pool.selectors import NO_POOL, busy_threshold
 from scheduler.models import AllocationCycle, Job, Placement, PlacementGpu
 from scheduler.selectors import ACTIVE_JOB_STATES, QUEUED_STATES
 
@@ -26,30 +30,87 @@ def _num(value, digits=1):
 # --- overview ------------------------------------------------------------------------------
 
 def overview() -> dict:
-    """Flat {key: value} (a delta replaces whole keys): GPUs per pool, hosts per state, jobs
-    per state, the latest cycle, links not up."""
+    """Flat {key: value} (a delta replaces whole keys): GPUs per pool and per site, hosts per
+    state, jobs per state, the latest cycle, links not up (in all and per fabric), the cluster's
+    mean GPU utilization. Eight queries."""
     hosts = {state: 0 for state in Host.State.values}
     for state, n in Host.objects.values_list("state").annotate(n=Count("id")).order_by():
         hosts[state] = n
     jobs = {state: 0 for state in ACTIVE_JOB_STATES}
     for state, n in Job.objects.filter(state__in=ACTIVE_JOB_STATES).values_list("state").annotate(n=Count("id")).order_by():
         jobs[state] = n
-    allocated = PlacementGpu.objects.filter(active=True).count()
-    links = {state: 0 for state in (Link.State.DEGRADED, Link.State.DOWN, Link.State.MISSING)}
-    for state, n in Link.objects.filter(state__in=list(links)).values_list("state").annotate(n=Count("id")).order_by():
-        links[state] = n
+    split = gpu_split()
+    per_fabric = fabric_links()
+    links = {str(state): sum(f[str(state)] for f in per_fabric.values()) for state in LINK_PROBLEMS}
     cycle = AllocationCycle.objects.first()
     return {
-        "pools": [{"name": p["name"], "gpus": p["gpus"], "busy": p["busy"], "free": p["free"]} for p in pool_rows()],
-        "gpus_allocated": allocated,
+        "gpus_allocated": sum(p["allocated"] for p in split["gpu_pools"]),
         "hosts": hosts,
         "jobs": jobs,
         "pending_reasons": cycle.pending_reasons if cycle else {},
         "last_cycle": None if cycle is None else {
             "id": cycle.pk, "at": _ms(cycle.started_at), "duration_s": _num(cycle.duration_s, 3),
             "error": cycle.error[:200]},
-        "links": {str(k): v for k, v in links.items()},
+        "links": links,
+        **split,
+        "fabric_links": per_fabric,
     }
+
+
+def gpu_split() -> dict:
+    """Present GPUs per pool and per site: total, allocated (held by an active placement),
+    idle but allocated (held while under the busy threshold or without a reading) and free
+    (held by no placement). `filter` is the value of the pool list's pool/site filter. Also the
+    cluster's mean utilization. One query."""
+    threshold = busy_threshold()
+    held = Q(held=True)
+    idle = held & (Q(utilization__lt=threshold) | Q(utilization__isnull=True))
+    rows = (Gpu.objects.filter(present=True)
+            .annotate(held=Exists(PlacementGpu.objects.filter(gpu=OuterRef("pk"), active=True)))
+            .values_list("host__pool__name", "host__site__name")
+            .annotate(total=Count("id"), allocated=Count("id", filter=held), idle=Count("id", filter=idle),
+                      util_sum=Sum("utilization"), util_n=Count("utilization"), t=Max("updated_at"))
+            .order_by())
+    pools: dict = {}
+    sites: dict = {}
+    util_sum, util_n, latest = 0.0, 0, None
+    for pool_name, site_name, total, allocated, idle_n, u_sum, u_n, t in rows:
+        util_sum, util_n = util_sum + (u_sum or 0), util_n + u_n
+        latest = t if latest is None or (t is not None and t > latest) else latest
+        for table, name, empty in ((pools, pool_name, NO_POOL), (sites, site_name, NO_POOL)):
+            entry = table.setdefault(name or "", {"name": name or "", "filter": name or empty,
+                                                  "total": 0, "allocated": 0, "idle_allocated": 0, "free": 0})
+            entry["total"] += total
+            entry["allocated"] += allocated
+            entry["idle_allocated"] += idle_n
+            entry["free"] += total - allocated
+    # Named ones first by name; "no pool" / "no site" last.
+    order = lambda e: (e["name"] == "", e["name"])  # noqa: E731
+    # The cluster's mean utilization (GPUs with a reading) and its latest reading's time
+    # (epoch ms): a point of the overview's utilization chart.
+    utilization = {"t": _ms(latest), "mean": _num(util_sum / util_n) if util_n else None, "gpus": util_n}
+    return {"gpu_pools": sorted(pools.values(), key=order), "gpu_sites": sorted(sites.values(), key=order),
+            "utilization": utilization}
+
+
+LINK_PROBLEMS = (Link.State.DEGRADED, Link.State.DOWN, Link.State.MISSING)
+
+
+def fabric_links() -> dict:
+    """{fabric name: {state: links}} of links not up, every fabric with every such state. One query."""
+    counts = {str(s): Count("links", filter=Q(links__state=s)) for s in LINK_PROBLEMS}
+    return {row.pop("name"): row for row in Fabric.objects.values("name").annotate(**counts).order_by()}
+
+
+def utilization_history(minutes: int = 60, now=None) -> dict:
+    """Mean GPU utilization of the whole cluster per minute over the last `minutes`, from the
+    samples (epoch ms at the start of each minute). One grouped query on the samples' time index."""
+    now = now or timezone.now()
+    rows = (GpuSample.objects.filter(t__gte=now - timedelta(minutes=minutes), utilization__isnull=False)
+            .annotate(m=TruncMinute("t")).values("m").annotate(u=Avg("utilization")).order_by("m"))
+    rows = [r for r in rows if r["m"] is not None]
+    return {"t": [_ms(r["m"]) for r in rows], "mean": [_num(r["u"]) for r in rows],
+            "start": _ms(now - timedelta(minutes=minutes)), "end": _ms(now)}
 
 
 # --- queue and proposals -------------------------------------------------------------------
@@ -144,3 +205,42 @@ def host(host_id: int) -> dict:
         "gpus": [{"id": g[0], "index": g[1], "model": g[2], "memory_mib": g[3], "util": _num(g[4]), "mem": g[5],
                   "temp": _num(g[6]), "job": held.get(str(g[0]), 0)} for g in gpus],
     }
+
+
+# --- topology: host colours and link health ----------------------------------------------------
+
+def topology_hosts(host_ids=None) -> dict[str, list]:
+    """{host id: [state, mean GPU utilization, busy GPUs, tenant]}: what colours a host on the
+    topology page (core.topology computes the same values for the page's first drawing).
+    Three queries."""
+    threshold = busy_threshold()
+    hosts = Host.objects.all()
+    gpus = Gpu.objects.filter(present=True)
+    held = PlacementGpu.objects.filter(active=True, placement__state__in=Placement.ACTIVE_STATES)
+    if host_ids is not None:
+        host_ids = list(host_ids)
+        hosts, gpus, held = (hosts.filter(pk__in=host_ids), gpus.filter(host_id__in=host_ids),
+                             held.filter(gpu__host_id__in=host_ids))
+    load = {h: (u, busy) for h, u, busy in gpus.values_list("host_id").annotate(
+        u=Avg("utilization"), busy=Count("id", filter=Q(utilization__gte=threshold))).order_by()}
+    tenants: dict[int, list[str]] = {}
+    for host_id, tenant in held.values_list("gpu__host_id", "placement__job__tenant__name"):
+        tenants.setdefault(host_id, []).append(tenant)
+    out = {}
+    for pk, state in hosts.values_list("id", "state"):
+        u, busy = load.get(pk, (None, 0))
+        names = tenants.get(pk)
+        # The tenant holding most of the host's GPUs; ties go to the first name (as core.topology).
+        tenant = max(sorted(set(names)), key=names.count) if names else None
+        out[str(pk)] = [state, _num(u), busy, tenant]
+    return out
+
+
+def topology_links() -> dict[str, str]:
+    """{link id: state} of the links the topology page draws (switch and host cables)."""
+    rows = Link.objects.filter(kind__in=[Link.Kind.SWITCH_SWITCH, Link.Kind.ADAPTER_SWITCH]).values_list("id", "state")
+    return {str(pk): state for pk, state in rows}
+
+
+def topology() -> dict:
+    return {"hosts": topology_hosts(), "links": topology_links()}

@@ -182,7 +182,9 @@ def topology_data(fabric: Fabric, color: str = "utilization", links: str = "heal
         highlighted_gpus = set(PlacementGpu.objects.filter(placement=placement).values_list("gpu_id", flat=True))
 
     # Hosts, one column per field (a 4,096-host fabric is ~0.5 MB of JSON this way).
-    cols = {key: [] for key in ("name", "url", "x", "leaf", "state", "gpus", "busy", "util", "tenant", "ib_gbps", "highlight")}
+    # "id": the host's key in the live updates (core.live_snapshots.topology_hosts).
+    cols = {key: [] for key in ("id", "name", "url", "x", "leaf", "state", "gpus", "busy", "util", "tenant", "ib_gbps",
+                                "highlight")}
     prefix = _host_url_prefix()
     leaf_hosts: dict[int | None, list[int]] = defaultdict(list)
     host_index = {}
@@ -190,6 +192,7 @@ def topology_data(fabric: Fabric, color: str = "utilization", links: str = "heal
         own = gpus.get(host["id"], [])
         held = [tenants[g["id"]][0] for g in own if g["id"] in tenants]
         ib = [v for v in (host["ib_tx_bytes_per_s"], host["ib_rx_bytes_per_s"]) if v is not None]
+        cols["id"].append(host["id"])
         cols["name"].append(host["name"])
         cols["url"].append(prefix + quote(host["name"], safe="/") + "/")
         cols["x"].append(i)
@@ -282,12 +285,13 @@ def _link_groups(mode, link_rows, switches, pos, switch_index, switch_list, host
     groups: dict[str, dict] = {}
     problems = []
 
-    def add(key, label, x0, y0, x1, y1, host):
-        group = groups.setdefault(key, {"key": key, "label": label, "count": 0, "x": [], "y": [], "host": []})
+    def add(key, label, x0, y0, x1, y1, host, link_id):
+        group = groups.setdefault(key, {"key": key, "label": label, "count": 0, "x": [], "y": [], "host": [], "link": []})
         group["count"] += 1
         group["x"] += [round(x0, 2), round(x1, 2), None]
         group["y"] += [y0, y1, None]
         group["host"].append(host)  # the host of a host cable (hidden while its leaf is folded)
+        group["link"].append(link_id)  # its key in the live updates (core.live_snapshots.topology_links)
 
     for link in link_rows:
         if link["kind"] == Link.Kind.SWITCH_SWITCH:
@@ -317,9 +321,9 @@ def _link_groups(mode, link_rows, switches, pos, switch_index, switch_list, host
         else:
             share = gbps_used / link["gbps"]
             key = label = next(lab for limit, lab in UTIL_BUCKETS if share < limit)
-        add(key, label, ends[0][0], ends[0][1], ends[1][0], ends[1][1], host)
+        add(key, label, ends[0][0], ends[0][1], ends[1][0], ends[1][1], host, link["id"])
         if link["state"] != Link.State.UP:
-            problems.append({
+            problems.append({"link": link["id"],
                 "x": round((ends[0][0] + ends[1][0]) / 2, 2), "y": (ends[0][1] + ends[1][1]) / 2,
                 "state": link["state"], "reason": link["state_reason"], "a": names[0], "b": names[1],
             })

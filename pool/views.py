@@ -3,12 +3,16 @@ queries), one host with its GPUs, adapters, events and charts, and the operator'
 undrain buttons. Reads go through pool.selectors, state changes through pool.services."""
 from __future__ import annotations
 
+import json
+
 from django.contrib import messages
 from django.core.paginator import Paginator
 from django.shortcuts import get_object_or_404, redirect, render
 from django.utils import timezone
 
 from . import selectors
+from fabric.models import Site
+
 from .models import Host
 from .services import drain_host, undrain_host
 
@@ -65,7 +69,7 @@ def _ib_ports(host: Host) -> list[dict]:
 
 
 def index(request):
-    state, pool, name = (request.GET.get(key, "").strip() for key in ("state", "pool", "name"))
+    state, pool, name, site = (request.GET.get(key, "").strip() for key in ("state", "pool", "name", "site"))
     pools = selectors.pool_rows()
     context = {
         "pools": pools,
@@ -74,8 +78,10 @@ def index(request):
         "state": state,
         "pool": pool,
         "name": name,
+        "site": site,
         "no_pool": selectors.NO_POOL,
         "busy_threshold": selectors.busy_threshold(),
+        "state_classes": json.dumps({str(k): v for k, v in selectors.STATE_CLASSES.items()}),
         "hosts_total": sum(p["hosts"] for p in pools),
         "gpus_total": sum(p["gpus"] for p in pools),
     }
@@ -85,16 +91,26 @@ def index(request):
     elif pool and pool != selectors.NO_POOL and not any(p["filter"] == pool for p in pools):
         known = ", ".join(p["name"] for p in pools if p["name"]) or "none defined yet"
         error = f"Unknown pool {pool!r}: pools are {known}."
+    elif site and site != selectors.NO_POOL and not Site.objects.filter(name=site).exists():
+        known = ", ".join(Site.objects.order_by("name").values_list("name", flat=True)[:20]) or "none defined yet"
+        error = f"Unknown site {site!r}: sites are {known}."
     if error:
         # The page comes back with the message, not a 500 or a silently empty list.
         context["error"] = error
         return render(request, "pool/index.html", context, status=400)
 
-    hosts = selectors.host_list(state=state, pool=pool, name=name)
-    context["counts"] = selectors.state_counts(selectors.host_list(pool=pool, name=name))
+    hosts = _at_site(selectors.host_list(state=state, pool=pool, name=name), site)
+    context["counts"] = selectors.state_counts(_at_site(selectors.host_list(pool=pool, name=name), site))
     page = Paginator(hosts.order_by("name").values(*selectors.HOST_LIST_FIELDS), PAGE_SIZE).get_page(request.GET.get("page"))
     context.update(page=page, hosts=selectors.host_rows(page))
     return render(request, "pool/index.html", context)
+
+
+def _at_site(hosts, site: str):
+    """?site=: the overview's per-site GPU numbers link here (NO_POOL: hosts at no site)."""
+    if not site:
+        return hosts
+    return hosts.filter(site__isnull=True) if site == selectors.NO_POOL else hosts.filter(site__name=site)
 
 
 def host_detail(request, host):
@@ -128,7 +144,12 @@ def host_detail(request, host):
     if chart is None:
         context["error"] = f"Unknown chart range {range_key!r}: choose one of {', '.join(selectors.CHART_RANGES)}."
         return render(request, "pool/host.html", context, status=400)
-    context.update(chart=chart, chart_data=selectors.chart_data(host, gpus, chart, timezone.now()))
+    data = selectors.chart_data(host, gpus, chart, timezone.now())
+    for entry, gpu in zip(data["gpus"], gpus):
+        entry["id"] = gpu.pk  # the key of the live updates (core.live_snapshots.gpu_values)
+    data["busy_threshold"] = context["busy_threshold"]
+    data["state_classes"] = {str(k): v for k, v in selectors.STATE_CLASSES.items()}
+    context.update(chart=chart, chart_data=data)
     return render(request, "pool/host.html", context)
 
 

@@ -399,3 +399,50 @@ def test_a_4096_host_topology_and_heatmap_draw_in_chromium(live_server):
         finally:
             browser.close()
     assert not errors
+
+
+# --- the overview's live numbers and their links --------------------------------------------------
+
+
+def test_overview_shows_gpus_per_pool_and_site_and_each_number_leads_to_its_list(viewer):
+    from fabric.models import Site
+
+    build(spines=2, leaves=2, hosts_per_leaf=2, gpus=4)
+    site = Site.objects.create(name="north")
+    Host.objects.filter(name__in=["gpu0001", "gpu0002"]).update(site=site)
+    Host.objects.filter(name="gpu0001").update(pool=Pool.objects.create(name="main"))
+    gpus = list(Gpu.objects.filter(host__name="gpu0001").order_by("index"))
+    Gpu.objects.filter(pk=gpus[0].pk).update(utilization=95)  # busy: allocated, not idle
+    place("physics", gpus[:3])  # 3 allocated, 2 of them idle
+    response = viewer.get("/")
+    live = embedded(response, "overview-data")
+    pools = {p["name"]: p for p in live["gpu_pools"]}
+    assert pools["main"] == {"name": "main", "filter": "main", "total": 4, "allocated": 3, "idle_allocated": 2, "free": 1}
+    assert pools[""]["total"] == 12 and pools[""]["allocated"] == 0 and pools[""]["filter"] == "(none)"
+    sites = {s["name"]: s for s in live["gpu_sites"]}
+    assert (sites["north"]["total"], sites["north"]["allocated"], sites[""]["total"]) == (8, 3, 8)
+    assert live["utilization"]["mean"] == 95.0 and live["fabric_links"] == {"t": {"degraded": 0, "down": 0, "missing": 0}}
+    text = response.content.decode()
+    assert '<a href="/pool/?site=north#hosts">8</a>' in text and '<a href="/scheduler/jobs/?pool=main">3</a>' in text
+    # The lists behind the numbers: the site filter keeps the hosts at that site.
+    listed = re.findall(r'<td data-host-id="\d+"><a href="[^"]+">([^<]+)</a>', viewer.get("/pool/?site=north").content.decode())
+    assert listed == ["gpu0001", "gpu0002"]
+    listed = re.findall(r'<td data-host-id="\d+"><a href="[^"]+">([^<]+)</a>', viewer.get("/pool/?site=(none)").content.decode())
+    assert listed == ["gpu0003", "gpu0004"]
+    response = viewer.get("/pool/?site=%3Cb%3E")
+    assert response.status_code == 400 and "Unknown site &#x27;&lt;b&gt;&#x27;: sites are north." in response.content.decode()
+
+
+def test_topology_data_carries_the_ids_of_the_live_updates_and_the_page_a_keyboard_alternative(viewer):
+    build(spines=2, leaves=2, hosts_per_leaf=2)
+    Link.objects.filter(pk=Link.objects.filter(kind="switch_switch").order_by("key").first().pk).update(state="down")
+    response = viewer.get("/topology/")
+    data = embedded(response, "topology-data")
+    assert data["hosts"]["id"] == [Host.objects.get(name=n).pk for n in data["hosts"]["name"]]
+    drawn = sorted(k for g in data["links"]["groups"] for k in g["link"])
+    assert drawn == sorted(Link.objects.filter(kind__in=["switch_switch", "adapter_switch"]).values_list("pk", flat=True))
+    assert all(len(g["link"]) == g["count"] for g in data["links"]["groups"])
+    assert data["links"]["problems"][0]["link"] == Link.objects.get(state="down").pk
+    text = response.content.decode()
+    assert 'id="topology-graph" class="topology-graph" tabindex="0"' in text
+    assert '<a href="#topology-table-summary">Skip to the drawing as a table</a>' in text

@@ -1,9 +1,11 @@
 // Live updates: the connection indicator in the top bar and the client of the live views.
 //
-// Indicator: connects to the heartbeat websocket and shows "live" or "disconnected since
-// HH:MM:SS" (browser time zone); a live-view subscription that is down shows there too (the
-// earliest time anything went down). Every socket reconnects with jittered exponential backoff.
-// It also fires the "fabricpool:live" event with the state.
+// Indicator: connects to the heartbeat websocket and shows "live", "reconnecting since
+// HH:MM:SS" (the operator's time zone, static/js/time.js; the earliest time anything went
+// down) while it retries, or "disconnected" when retrying cannot help (the session ended);
+// a live-view subscription that is down shows there too. Every socket reconnects with
+// jittered exponential backoff. It also fires the "fabricpool:live" event with the state
+// ("connecting", "live" or "down"), since (a Date or null) and the indicator's text.
 //
 // FabricPoolLive.subscribe(path, {onSnapshot(data, seq), onDelta(changes, seq)}) connects to a
 // live view (core/live_consumers.py): the server sends a snapshot first, then deltas
@@ -20,6 +22,7 @@
   var CLOSE_UNAUTHENTICATED = 4401, CLOSE_NO_ROLE = 4403, CLOSE_NOT_FOUND = 4404;
   var el = document.getElementById("live-status");
   var clock = new Intl.DateTimeFormat(undefined, { hour: "2-digit", minute: "2-digit", second: "2-digit", hour12: false });
+  var zone = Intl.DateTimeFormat().resolvedOptions().timeZone || "local time";
   var sockets = {};  // name -> {state: "connecting"|"live"|"down", since: Date|null, note: string}
 
   function wsUrl(path) {
@@ -29,37 +32,41 @@
   // The indicator shows the worst state of all sockets.
   function render() {
     if (!el) return;
-    var state = "live", since = null, note = "";
+    var state = "live", since = null, ended = false;
     Object.keys(sockets).forEach(function (name) {
       var s = sockets[name];
       if (s.state === "down") {
         state = "down";
         if (since === null || s.since < since) since = s.since;
-        note = note || s.note;
+        ended = ended || s.ended;
       } else if (s.state === "connecting" && state === "live") {
         state = "connecting";
       }
     });
     el.className = "live live-" + state;
     el.dataset.state = state;
-    if (state === "down") {
-      el.textContent = "disconnected since " + clock.format(since) + note;
-      el.title = "Reconnecting automatically";
+    if (state === "down" && ended) {
+      el.textContent = "disconnected (session ended: reload to log in)";
+      el.title = "Live updates stopped: your session ended";
+    } else if (state === "down") {
+      el.textContent = "reconnecting since " + clock.format(since);
+      el.title = "Live updates interrupted at " + clock.format(since) + " (" + zone + "); retrying automatically";
     } else {
       el.textContent = state === "live" ? "live" : "connecting…";
       el.title = state === "live" ? "Live updates connected" : "";
     }
-    document.dispatchEvent(new CustomEvent("fabricpool:live", { detail: { state: state } }));
+    el.dataset.since = since ? since.toISOString() : "";
+    document.dispatchEvent(new CustomEvent("fabricpool:live", { detail: { state: state, since: since, text: el.textContent } }));
   }
 
   function mark(name, state, code) {
-    var s = sockets[name] || (sockets[name] = { state: "connecting", since: null, note: "" });
+    var s = sockets[name] || (sockets[name] = { state: "connecting", since: null, ended: false });
     if (state === "down") {
       if (s.since === null) s.since = new Date();
-      s.note = code === CLOSE_UNAUTHENTICATED ? " (session ended: reload to log in)" : "";
+      s.ended = code === CLOSE_UNAUTHENTICATED;
     } else {
       s.since = null;
-      s.note = "";
+      s.ended = false;
     }
     s.state = state;
     render();

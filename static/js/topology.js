@@ -5,6 +5,12 @@
 // unfolds that leaf, and zooming in to few enough hosts shows them all; the leaves of a
 // highlighted placement start unfolded.
 // Plotly reads text as markup: every name from the database goes through esc() first.
+//
+// Live: the page subscribes to /ws/live/topology/ (core/live_consumers.TopologyConsumer):
+// host values [state, mean utilization, busy GPUs, tenant] by host id and link states by
+// link id; they are applied with Plotly.restyle (colours, hover text, link segments moved
+// between the state traces), never a new plot. #topology-table is the same data as a
+// table (keyboard and screen readers), refreshed while it is open.
 (function () {
   "use strict";
   var source = document.getElementById("topology-data");
@@ -43,6 +49,8 @@
   function fmt(v, unit) { return v == null ? "—" : v + (unit || ""); }
 
   var H = data.hosts, n = H.name.length, switches = data.switches;
+  var tenantNext = data.tenants.length;
+  function tenantSeen(t) { if (t != null && !(t in tenantIndex)) tenantIndex[t] = tenantNext++; }
   function hostColor(i) { return data.color === "tenant" ? tenantColor(H.tenant[i]) : utilColor(H.util[i]); }
   function hostHover(i) {
     var leaf = H.leaf[i] == null ? "no leaf" : switches[H.leaf[i]].name;
@@ -141,8 +149,193 @@
   var config = { responsive: true, displaylogo: false, scrollZoom: true };
 
   function redraw() { return Plotly.react(graph, traces(), layout, config); }
+
+  // --- live updates -------------------------------------------------------------------------
+  var hostById = {}, linkById = {};
+  for (var h0 = 0; h0 < n; h0++) hostById[H.id[h0]] = h0;
+  function indexLinks() {
+    linkById = {};
+    data.links.groups.forEach(function (g, gi) { g.link.forEach(function (id, k) { linkById[id] = [gi, k]; }); });
+  }
+  indexLinks();
+  // Names at a segment's ends (for the hover text of a link that went down live).
+  var endName = {};
+  switches.forEach(function (s) { endName[s.x + "," + s.y] = s.name; });
+  for (var h1 = 0; h1 < n; h1++) endName[H.x[h1] + ",0"] = H.name[h1];
+
+  // A leaf's numbers follow its hosts' (the server computes them alike in core/topology.py).
+  function refreshLeaves(leaves) {
+    Object.keys(leaves).forEach(function (k) {
+      var s = switches[k], sum = 0, count = 0, busy = 0;
+      for (var i = 0; i < n; i++) {
+        if (H.leaf[i] !== Number(k)) continue;
+        busy += H.busy[i];
+        if (H.util[i] != null) { sum += H.util[i]; count++; }
+      }
+      s.busy = busy;
+      s.util = count ? Math.round(sum / count * 10) / 10 : null;
+    });
+  }
+
+  function applyHosts(values) {
+    var leaves = {}, changed = false;
+    Object.keys(values || {}).forEach(function (id) {
+      var i = hostById[id], v = values[id];
+      if (i === undefined || !v) return;  // another fabric's host, or gone
+      if (H.state[i] === v[0] && H.util[i] === v[1] && H.busy[i] === v[2] && H.tenant[i] === v[3]) return;
+      H.state[i] = v[0]; H.util[i] = v[1]; H.busy[i] = v[2]; H.tenant[i] = v[3];
+      tenantSeen(v[3]);
+      if (H.leaf[i] != null) leaves[H.leaf[i]] = true;
+      changed = true;
+    });
+    refreshLeaves(leaves);
+    return changed;
+  }
+
+  function groupFor(key, label) {
+    var g = data.links.groups.find(function (x) { return x.key === key; });
+    if (!g) { g = { key: key, label: label, count: 0, x: [], y: [], host: [], link: [] }; data.links.groups.push(g); }
+    return g;
+  }
+
+  function applyLinks(states) {
+    var changed = false;
+    Object.keys(states || {}).forEach(function (id) {
+      var at = linkById[id], state = states[id];
+      if (!at || state == null) return;
+      var g = data.links.groups[at[0]], k = at[1];
+      var key = data.links_color === "health" ? state : (state === "up" ? "unknown" : "unusable");
+      var label = data.links_color === "health" ? state : (state === "up" ? "no traffic data" : "not up");
+      var problems = data.links.problems, p = problems.findIndex(function (x) { return String(x.link) === id; });
+      var wasUp = p < 0;
+      if (wasUp === (state === "up") && (g.key === key || data.links_color !== "health")) return;
+      var x = g.x.splice(3 * k, 3), y = g.y.splice(3 * k, 3), host = g.host.splice(k, 1)[0];
+      g.link.splice(k, 1); g.count--;
+      var target = groupFor(key, label);
+      target.x.push.apply(target.x, x); target.y.push.apply(target.y, y); target.host.push(host); target.link.push(Number(id));
+      target.count++;
+      if (p >= 0) problems.splice(p, 1);
+      if (state !== "up") {
+        problems.push({ link: Number(id), x: Math.round((x[0] + x[1]) / 2 * 100) / 100, y: (y[0] + y[1]) / 2, state: state,
+                        reason: "changed live", a: endName[x[0] + "," + y[0]] || "?", b: endName[x[1] + "," + y[1]] || "?" });
+      }
+      data.links.groups = data.links.groups.filter(function (x) { return x.count > 0; });
+      indexLinks();
+      changed = true;
+    });
+    return changed;
+  }
+
+  // The drawing follows the data: same traces -> one Plotly.restyle of what changes;
+  // a trace appearing or going (the first down link) -> Plotly.react, which diffs.
+  function update(linksToo) {
+    var next = traces(), gd = graph;
+    var same = next.length === gd.data.length && next.every(function (t, i) {
+      var old = gd.data[i];
+      return t.mode === old.mode && t.name.split(" (")[0] === old.name.split(" (")[0];
+    });
+    if (!same) { redraw(); table.refresh(); return; }
+    var markers = [], lines = [];
+    next.forEach(function (t, i) {
+      if (t.mode === "lines") lines.push(i);
+      else if (t.text) markers.push(i);  // the placement's rings (no text) never change
+    });
+    function pick(list, f) { return list.map(function (i) { return f(next[i]); }); }
+    Plotly.restyle(gd, { x: pick(markers, function (t) { return t.x; }), y: pick(markers, function (t) { return t.y; }),
+                         "marker.color": pick(markers, function (t) { return t.marker.color; }),
+                         text: pick(markers, function (t) { return t.text; }),
+                         customdata: pick(markers, function (t) { return t.customdata; }) }, markers);
+    if (linksToo) {
+      Plotly.restyle(gd, { x: pick(lines, function (t) { return t.x; }), y: pick(lines, function (t) { return t.y; }),
+                           name: pick(lines, function (t) { return t.name; }) }, lines);
+    }
+    graph.dataset.updates = String(Number(graph.dataset.updates || 0) + 1);
+    table.refresh();
+  }
+
+  function linkLegend() {
+    var list = document.getElementById("topology-link-legend");
+    if (!list) return;
+    list.textContent = "";
+    data.links.groups.forEach(function (g) {
+      var li = document.createElement("li");
+      li.textContent = g.label + ": " + g.count + " link" + (g.count === 1 ? "" : "s");
+      list.appendChild(li);
+    });
+  }
+
+  function subscribe() {
+    if (!window.FabricPoolLive) return;
+    var notice = document.getElementById("topology-reload");
+    window.FabricPoolLive.subscribe("/ws/live/topology/", {
+      onSnapshot: function (snap) {
+        var hosts = applyHosts(snap.hosts), links = applyLinks(snap.links);
+        if (hosts || links) update(links);
+        if (links) linkLegend();
+        graph.dataset.live = "1";
+      },
+      onDelta: function (changes) {
+        var hosts = applyHosts(changes.hosts), links = applyLinks(changes.links);
+        if (hosts || links) update(links);
+        if (links) linkLegend();
+        if (changes.fabric && data.fabric in changes.fabric && notice) notice.hidden = false;
+      },
+    });
+  }
+
+  // --- the same data as a table (#topology-table), built when opened --------------------------
+  var table = (function () {
+    var box = document.getElementById("topology-table");
+    var pending = null;
+    function cell(row, text, cls) { var td = document.createElement("td"); td.textContent = text; if (cls) td.className = cls; row.appendChild(td); return td; }
+    function linkCell(row, href, text) {
+      var th = document.createElement("th"), a = document.createElement("a");
+      th.scope = "row"; a.href = href; a.textContent = text; th.appendChild(a); row.appendChild(th);
+    }
+    function build() {
+      if (!box || !box.open) return;
+      var sw = box.querySelector("#topology-switch-rows"), hosts = box.querySelector("#topology-host-rows");
+      var a = document.createDocumentFragment(), b = document.createDocumentFragment();
+      switches.forEach(function (s) {
+        var tr = document.createElement("tr");
+        linkCell(tr, s.url, s.name);
+        cell(tr, s.tier + (s.present ? "" : " (missing)"));
+        cell(tr, s.tier === "leaf" ? String(s.hosts) : "", "num");
+        cell(tr, s.tier === "leaf" ? s.busy + " / " + s.gpus : "", "num");
+        cell(tr, s.tier === "leaf" ? fmt(s.util, " %") : "", "num");
+        a.appendChild(tr);
+      });
+      for (var i = 0; i < n; i++) {
+        var tr = document.createElement("tr");
+        linkCell(tr, H.url[i], H.name[i]);
+        cell(tr, H.leaf[i] == null ? "no leaf" : switches[H.leaf[i]].name);
+        cell(tr, H.state[i]);
+        cell(tr, H.busy[i] + " / " + H.gpus[i], "num");
+        cell(tr, fmt(H.util[i], " %"), "num");
+        cell(tr, H.tenant[i] || "none");
+        b.appendChild(tr);
+      }
+      sw.textContent = ""; sw.appendChild(a);
+      hosts.textContent = ""; hosts.appendChild(b);
+      var problems = box.querySelector("#topology-problem-rows");
+      problems.textContent = "";
+      data.links.problems.forEach(function (p) {
+        var li = document.createElement("li");
+        li.textContent = p.state + ": " + p.a + " ↔ " + p.b + (p.reason ? " (" + p.reason + ")" : "");
+        problems.appendChild(li);
+      });
+      if (!data.links.problems.length) { var li = document.createElement("li"); li.textContent = "every drawn link is up"; problems.appendChild(li); }
+    }
+    if (box) box.addEventListener("toggle", build);
+    return {
+      // Live updates come a few times a second at most; the table follows once a second.
+      refresh: function () { if (box && box.open && !pending) pending = setTimeout(function () { pending = null; build(); }, 1000); },
+      build: build,
+    };
+  })();
   graph.textContent = "";
   Plotly.newPlot(graph, traces(), layout, config).then(function () {
+    subscribe();
     // Time since navigation when the drawing answers clicks (read by the browser test).
     graph.dataset.readyMs = String(Math.round(performance.now()));
     graph.on("plotly_click", function (event) {

@@ -1,5 +1,5 @@
 """static/js/live.js in node with a fake browser (tests/live/live_js_harness.js): snapshot then
-deltas, a sequence hole turns into a resync, a drop shows "disconnected since" and reconnects
+deltas, a sequence hole turns into a resync, a drop shows "reconnecting since" and reconnects
 to a fresh snapshot. Skipped where node is not installed (the browser tests cover it there)."""
 import json
 import shutil
@@ -41,7 +41,7 @@ def test_the_indicator_shows_each_connection_state(run_js):
     assert steps["subscribed"]["state"] == "connecting"  # the view is not live yet
     assert steps["resynced"]["indicator"] == "live"
     assert steps["dropped"]["state"] == "down"
-    assert steps["dropped"]["indicator"].startswith("disconnected since ")
+    assert steps["dropped"]["indicator"].startswith("reconnecting since ")
     assert steps["reconnected"]["indicator"] == "live" and steps["reconnected"]["sockets"] == 3
     assert steps["closed"]["indicator"] == "live"  # a closed view no longer counts
 
