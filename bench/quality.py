@@ -261,7 +261,7 @@ class Recorder:
 
 
 def victims(running: dict, seed: int, round_: int) -> list[str]:
-    key = lambda j: hashlib.sha1(f"{seed}:{round_}:{j}".encode()).hexdigest()  # noqa: E731
+    key = lambda j: hashlib.sha1(f"{seed}:{round_}:{j}".encode(), usedforsecurity=False).hexdigest()  # noqa: E731
     return sorted(running, key=key)[:round(0.3 * len(running))]
 
 

@@ -1,13 +1,19 @@
 """Anonymous users see nothing: every URL of the project is walked and must send them to a
-login page. Viewers see the pages. Login and logout work and are CSRF-protected. The
-add_user command gives users exactly one role."""
+login page. Viewers see the pages but change nothing; operators cannot administer; every
+POST needs the CSRF token. The walk discovers every URL pattern by itself (apps added later
+included), so a new page is covered without editing this file. Login and logout work and
+are CSRF-protected. The add_user command gives users exactly one role."""
+import hashlib
 import re
+import uuid
 
 import pytest
+from django.apps import apps
 from django.contrib.auth.models import Group, User
 from django.core.management import CommandError, call_command
 from django.test import Client
 from django.urls import URLPattern, URLResolver, get_resolver
+from django.urls.converters import IntConverter, UUIDConverter
 from django.urls.resolvers import RoutePattern
 
 from fabric.importer import import_file
@@ -18,21 +24,34 @@ LAB = "ibnetdiscover_nvidia_ufm_lab_hdr_fdr_edr_sharp.txt"
 # The only pages anyone may open without logging in. A URL that opts out of login must be
 # listed here on purpose (agent endpoints, which check tokens, with tests of their own).
 PUBLIC = {"/login/", "/admin/login/"}
+# Outside /admin/, only admins may open these (session); the rest of the world needs a token.
+ADMIN_ONLY = {"/metrics"}
 PASSWORD = "correct horse battery staple"
+# What a hand-made POST sends: a decision, in case a view reads the action before the role.
+POST_DATA = {"action": "approve", "reason": "walk", "gpus": "1", "name": "walk", "tenant": "1", "pool": "1"}
 
 
 def all_paths(fill: dict[str, str]) -> list[str]:
     """One concrete path per URL pattern of the project, path parameters filled from
-    `fill` by name (a dummy value otherwise)."""
+    `fill` by name (a value of the converter's type otherwise)."""
     paths = []
+
+    def value(name, converter=None):
+        if name in fill:
+            return fill[name]
+        if isinstance(converter, UUIDConverter):
+            return str(uuid.UUID(int=1))
+        return "1" if converter is None or isinstance(converter, IntConverter) else "x"
 
     def walk(patterns, prefix):
         for entry in patterns:
             route = str(entry.pattern).lstrip("^").rstrip("$").replace("\\Z", "")
             if isinstance(entry.pattern, RoutePattern):  # path("<conv:name>/")
-                route = re.sub(r"<(?:\w+:)?(\w+)>", lambda m: fill.get(m.group(1), "1"), route)
+                converters = entry.pattern.converters
+                route = re.sub(r"<(?:\w+:)?(\w+)>", lambda m: value(m.group(1), converters.get(m.group(1))), route)
             else:  # re_path(r"^(?P<name>...)/$")
-                route = re.sub(r"\(\?P<(\w+)>[^)]*\)", lambda m: fill.get(m.group(1), "1"), route)
+                route = re.sub(r"\(\?P<(\w+)>[^)]*\)", lambda m: value(m.group(1)), route)
+                route = route.replace("\\.", ".").replace("/?", "/")
             if isinstance(entry, URLResolver):
                 walk(entry.url_patterns, prefix + route)
             elif isinstance(entry, URLPattern):
@@ -40,6 +59,22 @@ def all_paths(fill: dict[str, str]) -> list[str]:
 
     walk(get_resolver().url_patterns, "")
     return sorted(set(paths))
+
+
+def database_state() -> dict[str, str]:
+    """A digest of every table's rows (sessions aside: logging in and out writes them)."""
+    state = {}
+    for model in apps.get_models():
+        if model._meta.label in {"sessions.Session"}:
+            continue
+        rows = list(model._base_manager.order_by("pk").values_list())
+        state[model._meta.label] = hashlib.sha256(repr(rows).encode()).hexdigest()
+    return state
+
+
+def changed(before: dict[str, str]) -> list[str]:
+    after = database_state()
+    return sorted(label for label in after if after[label] != before.get(label))
 
 
 @pytest.fixture
@@ -78,7 +113,10 @@ def test_the_walk_covers_the_dashboard_and_the_admin(filled):
                      f"/scheduler/placements/{filled['placement_id']}/",
                      f"/scheduler/placements/{filled['placement_id']}/override/",
                      f"/scheduler/cycles/{filled['cycle_id']}/", "/login/", "/logout/", "/admin/", "/admin/fabric/switch/",
-                     f"/admin/fabric/switch/{filled['object_id']}/change/", "/admin/nowhere/"]:
+                     f"/admin/fabric/switch/{filled['object_id']}/change/", "/admin/nowhere/",
+                     # Apps added later are found by themselves: the API (router patterns) and /metrics.
+                     "/metrics", "/api/v1/jobs/", f"/api/v1/placements/{filled['placement_id']}/approve/",
+                     f"/api/v1/hosts/{filled['host']}/drain/"]:
         assert expected in paths
     assert len(paths) > 60
 
@@ -107,6 +145,38 @@ def test_anonymous_post_is_refused_too(client, filled):
     assert response.status_code == 403 or response["Location"].startswith("/login/")
 
 
+def test_anonymous_posts_with_a_valid_csrf_token_change_nothing_anywhere(filled):
+    client = Client(enforce_csrf_checks=True)
+    token = csrf_token(client, "/login/")
+    before, wrong = database_state(), []
+    for path in all_paths(filled):
+        if path in PUBLIC:
+            continue
+        response = client.post(path, {**POST_DATA, "csrfmiddlewaretoken": token}, HTTP_X_CSRFTOKEN=token)
+        logins = ("/login/?next=", "/admin/login/?next=")
+        if not (response.status_code in (401, 403, 405)
+                or (response.status_code == 302 and response["Location"].startswith(logins))):
+            wrong.append(f"{path}: anonymous POST got {response.status_code} {response.get('Location', '')}")
+    assert not wrong, "\n".join(wrong)
+    assert not changed(before)
+
+
+def test_every_post_without_the_csrf_token_is_refused_even_for_an_admin(filled):
+    """A foreign page that makes a logged-in admin's browser post anywhere gets a 403
+    (Django's CSRF check, or DRF's for session-authenticated API calls) and changes nothing."""
+    client = Client(enforce_csrf_checks=True)
+    client.force_login(make_user("root", None, is_staff=True, is_superuser=True))
+    before, wrong = database_state(), []
+    for path in all_paths(filled):
+        response = client.post(path, POST_DATA)
+        text = response.content.decode(errors="replace")
+        if response.status_code != 403 or "CSRF" not in text:
+            wrong.append(f"{path}: POST without CSRF token got {response.status_code} {response.get('Location', '')}")
+    assert not wrong, "\n".join(wrong)
+    assert not changed(before)
+    assert client.get("/").status_code == 200  # still logged in: nothing was refused for want of a session
+
+
 def test_viewers_see_every_dashboard_page_but_not_the_admin(client, filled):
     client.force_login(make_user("vera", "viewer"))
     wrong = []
@@ -118,15 +188,84 @@ def test_viewers_see_every_dashboard_page_but_not_the_admin(client, filled):
             ok = (path == "/admin/login/" and response.status_code == 200) or (
                 response.status_code == 302 and response["Location"].startswith(target)
             )
+        elif path in ADMIN_ONLY:
+            ok = response.status_code == 403
         elif path == "/login/":
             ok = response.status_code == 302  # already logged in
-        elif path == "/logout/":
-            ok = response.status_code == 405  # logging out takes a POST
         else:
-            ok = response.status_code == 200
+            # 405: the URL takes only POST (logout, an override's check and confirm steps).
+            ok = response.status_code in (200, 405)
         if not ok:
             wrong.append(f"{path}: viewer got {response.status_code} {response.get('Location', '')}")
     assert not wrong, "\n".join(wrong)
+
+
+# URLs that decide or act (found by name, so new ones are caught): a viewer's POST gets a 403.
+DECIDING = re.compile(r"/(approve|reject|override|check|confirm|drain|undrain|cancel|submit)/$|/placements/\d+/$"
+                      r"|^/scheduler/jobs/\d+/$|^/pool/hosts/|^/api/v1/(jobs|placements|hosts)/$")
+# Writes every role may do for itself.
+SELF_SERVICE = {"/logout/", "/api/tokens/"}
+
+
+def test_viewers_cannot_decide_or_change_anything_by_post(filled):
+    """With a valid CSRF token, a viewer's POST to every URL (approve, reject, override,
+    drain, submit, the API, the admin) is refused, and no POST changes the database."""
+    client = Client(enforce_csrf_checks=True)
+    client.force_login(make_user("vera", "viewer"))
+    token = csrf_token(client, "/")
+
+    def walk(check_each):
+        wrong, deciding = [], 0
+        for path in all_paths(filled):
+            if path in SELF_SERVICE:
+                continue
+            before = database_state() if check_each else None
+            response = client.post(path, {**POST_DATA, "csrfmiddlewaretoken": token}, HTTP_X_CSRFTOKEN=token)
+            if path.startswith("/admin/"):
+                ok = (path == "/admin/login/" and response.status_code == 200) or (
+                    response.status_code == 302 and response["Location"].startswith(("/admin/login/", "/admin/")))
+            elif DECIDING.search(path):
+                deciding += 1
+                ok = response.status_code == 403
+            else:  # read-only pages may answer a POST like a GET, or refuse it
+                ok = response.status_code < 500
+            if not ok:
+                wrong.append(f"{path}: viewer POST got {response.status_code} {response.get('Location', '')}")
+            if check_each and changed(before):
+                wrong.append(f"{path}: a viewer's POST changed {', '.join(changed(before))}")
+        return wrong, deciding
+
+    before = database_state()
+    wrong, deciding = walk(check_each=False)
+    if changed(before):  # walk again, a digest per request, to name the URL that wrote
+        wrong += [f"the walk changed {', '.join(changed(before))}"] + walk(check_each=True)[0]
+    assert not wrong, "\n".join(wrong)
+    assert deciding >= 10  # the placement and job pages, override (+check, confirm), submit, the host page, the API's
+    assert client.get("/").status_code == 200
+
+
+def test_operators_cannot_administer(filled):
+    """Operators decide but do not administer: every admin URL and every admin-only page
+    refuses them, by GET and by POST with a valid token, and nothing changes."""
+    client = Client(enforce_csrf_checks=True)
+    client.force_login(make_user("otto", "operator"))
+    token = csrf_token(client, "/")
+    before, wrong = database_state(), []
+    for path in all_paths(filled):
+        if not (path.startswith("/admin/") or path in ADMIN_ONLY) or path == "/admin/login/":
+            continue
+        for method in ("get", "post"):
+            response = getattr(client, method)(path, {**POST_DATA, "csrfmiddlewaretoken": token} if method == "post" else {},
+                                               HTTP_X_CSRFTOKEN=token)
+            if path in ADMIN_ONLY:
+                ok = response.status_code == 403 or (method == "post" and response.status_code == 405)
+            else:
+                ok = response.status_code == 302 and response["Location"].startswith(("/admin/login/", "/admin/"))
+            if not ok:
+                wrong.append(f"{method.upper()} {path}: operator got {response.status_code} {response.get('Location', '')}")
+    assert not wrong, "\n".join(wrong)
+    assert not changed(before)
+    assert client.get("/admin/login/").status_code == 200  # the login form, for another account
 
 
 def test_login_with_the_right_password_and_only_with_it(client):

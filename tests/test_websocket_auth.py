@@ -90,3 +90,53 @@ def test_session_ended_by_logout_is_refused():
     Session.objects.all().delete()  # what logout does to the session row
     connected, code, _ = exchange([ORIGIN, cookie])
     assert not connected and code == CLOSE_UNAUTHENTICATED
+
+
+# --- every route of config/routing.py, found by itself -------------------------------------------
+
+def routes() -> list[str]:
+    """One concrete path per websocket route; parameters name an existing host ("gpu0001")."""
+    import re
+
+    from config.routing import websocket_urlpatterns
+
+    return ["/" + re.sub(r"<(?:\w+:)?\w+>", "gpu0001", str(p.pattern).lstrip("^").rstrip("$")) for p in websocket_urlpatterns]
+
+
+@pytest.fixture
+def host():
+    from pool.models import Host
+
+    return Host.objects.create(name="gpu0001")
+
+
+def connect(path, headers):
+    async def run():
+        communicator = WebsocketCommunicator(application, path, headers=headers)
+        connected, code = await communicator.connect(timeout=10)
+        first = await communicator.receive_json_from(timeout=10) if connected else None
+        if connected:
+            await communicator.disconnect()
+        return connected, code, first
+
+    return async_to_sync(run)()
+
+
+def test_the_route_list_is_the_projects():
+    assert "/ws/heartbeat/" in routes() and "/ws/live/host/gpu0001/" in routes() and len(routes()) >= 5
+
+
+@pytest.mark.parametrize("path", routes())
+def test_every_route_refuses_foreign_origins_anonymous_and_roleless_users(path, host):
+    cookie = session_cookie("vera")
+    for origin in (b"http://evil.example", b"null"):
+        connected, code, _ = connect(path, [(b"origin", origin), cookie])
+        assert not connected and code != CLOSE_UNAUTHENTICATED, f"{path} accepted Origin {origin!r}"
+    assert not connect(path, [cookie])[0], f"{path} accepted a socket without Origin"
+    connected, code, _ = connect(path, [ORIGIN])
+    assert not connected and code == CLOSE_UNAUTHENTICATED, f"{path} accepted an anonymous socket"
+    connected, code, _ = connect(path, [ORIGIN, session_cookie("nobody", role=None)])
+    assert not connected and code == CLOSE_NO_ROLE, f"{path} accepted an account without a role"
+    # The same socket from the site's own page connects: the refusals above are the checks'.
+    connected, _, first = connect(path, [ORIGIN, cookie])
+    assert connected and first["type"] in {"hello", "snapshot"}, first
