@@ -282,6 +282,10 @@ def _pick_request(request, placement_id):
     placement = Placement.objects.select_related("job", "job__tenant", "job__pool").filter(pk=placement_id).first()
     if placement is None:
         return JsonResponse({"error": f"There is no placement {placement_id}."}, status=404)
+    if request.content_type != "application/json":
+        # A form post (whose body the CSRF check has already read) is not a pick.
+        return JsonResponse({"error": f"Send the pick as application/json, not {request.content_type or 'no type'}. "
+                                      "Nothing was changed."}, status=400)
     try:
         payload = json.loads(request.body or b"null")
         gpu_ids, version = override_preview.parse_pick(payload)

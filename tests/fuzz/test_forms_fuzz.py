@@ -151,10 +151,6 @@ def test_the_import_command_imports_or_stops_with_a_clear_error(tmp_path_factory
         event("imported")
 
 
-@pytest.mark.xfail(reason="scheduler/views.py _pick_request reads request.body after the CSRF middleware has read a "
-                          "form-encoded body (RawPostDataException): a form POST to override/check or /confirm is a "
-                          "500, not a 400. Reported to the scheduler's owner; remove this mark with the fix.",
-                   strict=False)
 def test_a_form_encoded_pick_is_refused_not_a_server_error(cluster):
     from django.test import Client
 
