@@ -70,6 +70,7 @@ class Allocation:
     stop_requested: bool = False
     killed: bool = False
     share_milli: int = 1000  # below 1000: a fraction of its one GPU, which others may share
+    grace_s: float | None = None  # the job's SIGTERM -> SIGKILL grace; None: the agent's
     done: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
 
     def public(self) -> dict:
@@ -82,7 +83,7 @@ class Allocation:
     def record(self) -> dict:
         return {**self.public(), "fingerprint": self.fingerprint, "pid": self.pid,
                 "create_time": self.create_time, "stop_requested": self.stop_requested,
-                "share_milli": self.share_milli}
+                "share_milli": self.share_milli, "grace_s": self.grace_s}
 
 
 def fingerprint(request: dict) -> str:
@@ -215,7 +216,8 @@ class Launcher:
         self._check_gpus(gpus, inventory, share_milli=share["milli"] if share else 1000)
 
         allocation = Allocation(id=allocation_id, gpus=gpus, fingerprint=digest,
-                                share_milli=share["milli"] if share else 1000)
+                                share_milli=share["milli"] if share else 1000,
+                                grace_s=request.get("grace_period_s"))
         self._allocations[allocation_id] = allocation
         self._save()
         env = allocation_env({**request, "gpus": gpus}, inventory)
@@ -274,7 +276,8 @@ class Launcher:
                         raise LaunchError(409, f"gpus[{i}]", f"GPU {uuid} is in use by allocation {allocation.id}")
 
     def stop(self, allocation_id: str) -> Allocation:
-        """SIGTERM to the allocation's process group now, SIGKILL after the grace period."""
+        """SIGTERM to the allocation's process group now, SIGKILL after the grace period (the
+        request's grace_period_s, else the agent's)."""
         allocation = self._allocations.get(allocation_id)
         if allocation is None:
             raise LaunchError(404, "id", f"no allocation {allocation_id} on this host")
@@ -360,7 +363,7 @@ class Launcher:
 
     def _finished_process(self, allocation: Allocation, code: int | None) -> None:
         if allocation.stop_requested:
-            how = f"SIGKILL after {self.grace_s:g} s grace" if allocation.killed else "SIGTERM"
+            how = f"SIGKILL after {self._grace(allocation):g} s grace" if allocation.killed else "SIGTERM"
             self._finish(allocation, "stopped", code, f"stopped on request ({how})")
         elif code == 0:
             self._finish(allocation, "succeeded", 0, "")
@@ -369,13 +372,17 @@ class Launcher:
         else:
             self._finish(allocation, "failed", code, f"exited with code {code}")
 
+    def _grace(self, allocation: Allocation) -> float:
+        return self.grace_s if allocation.grace_s is None else allocation.grace_s
+
     async def _escalate(self, allocation: Allocation) -> None:
+        grace = self._grace(allocation)
         try:
-            await asyncio.wait_for(allocation.done.wait(), self.grace_s)
+            await asyncio.wait_for(allocation.done.wait(), grace)
         except TimeoutError:
             if allocation.pid and (allocation.create_time is None or _still_ours(allocation.pid, allocation.create_time)):
                 allocation.killed = True
-                log.info("allocation %s ignored SIGTERM for %s s: SIGKILL", allocation.id, self.grace_s)
+                log.info("allocation %s ignored SIGTERM for %s s: SIGKILL", allocation.id, grace)
                 _signal_group(allocation.pid, signal.SIGKILL)
 
     async def _watch_adopted(self, allocation: Allocation) -> None:
@@ -444,6 +451,7 @@ class Launcher:
             pid=record.get("pid"), create_time=record.get("create_time"),
             stop_requested=bool(record.get("stop_requested")),
             share_milli=int(record.get("share_milli") or 1000),
+            grace_s=float(record["grace_s"]) if record.get("grace_s") is not None else None,
         )
         if allocation.state in FINISHED_STATES:
             allocation.done.set()

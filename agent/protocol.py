@@ -16,6 +16,7 @@ REPORT_SCHEMA = "fabricpool.report/1"
 ALLOCATION_SCHEMA = "fabricpool.allocation/1"
 MAX_REPORT_BYTES = 4 * 1024 * 1024  # a 8-GPU host with MIG and 8 HCAs is ~20 KB
 MAX_REQUEST_BYTES = 256 * 1024
+MAX_GRACE_S = 3600  # a job's grace period on stop, at most
 ALLOCATION_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,79}$")  # it names the agent's log file
 
 ALLOCATION_STATES = ("starting", "running", "succeeded", "failed", "stopped", "lost")
@@ -270,6 +271,10 @@ def parse_allocation_request(body: bytes | dict, *, max_bytes: int = MAX_REQUEST
         if len(gpus) != 1:
             raise ProtocolError("share", "a shared allocation uses exactly one GPU")
     # sharing: end
+    # Optional (added compatibly): the job's own SIGTERM -> SIGKILL grace period on stop, which
+    # replaces the agent's --grace-seconds for this allocation. Absent: the agent's.
+    if data.get("grace_period_s") is not None:
+        parsed["grace_period_s"] = _number(data, "grace_period_s", "", minimum=0, maximum=MAX_GRACE_S)
     return parsed
 
 

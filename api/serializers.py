@@ -27,7 +27,8 @@ class JobSerializer(serializers.ModelSerializer):
         model = Job
         fields = ["id", "name", "state", "tenant", "pool", "gpus", "gpu_models", "min_memory_mib", "fp64", "site",
                   "task_class", "priority", "gang", "whole_hosts", "preemptible", "max_leaves", "topology_hard",
-                  "max_wait_s", "estimated_runtime_s", "max_runtime_s", "command", "env", "submitted_by",
+                  "max_wait_s", "estimated_runtime_s", "max_runtime_s", "gpu_milli", "gpu_memory_mib", "mig_profile",
+                  "restartable", "allow_remote_site", "grace_period_s", "command", "env", "submitted_by",
                   "created_at", "state_changed_at", "started_at", "finished_at", "pending_reason", "pending_message",
                   "expected_start", "exit_code", "message"]
         read_only_fields = fields
@@ -104,7 +105,25 @@ class JobSubmitSerializer(serializers.Serializer):
                                              allow_null=True)
     max_leaves = serializers.IntegerField(min_value=1, max_value=100_000, required=False, allow_null=True)
     topology_hard = serializers.BooleanField(required=False)
-    max_wait_s = serializers.IntegerField(min_value=0, max_value=services.MAX_RUNTIME_S, required=False)
+    max_wait_s = serializers.IntegerField(min_value=0, max_value=services.MAX_RUNTIME_S, required=False,
+                                          help_text="Seconds before a soft max_leaves is relaxed and, with "
+                                                    "allow_remote_site, before another site may take it.")
+    gpu_milli = serializers.IntegerField(min_value=0, max_value=999, required=False,
+                                         help_text="Sharing: thousandths of one GPU (1-999; gpus must be 1); "
+                                                   "0: whole GPUs.")
+    gpu_memory_mib = serializers.IntegerField(min_value=0, max_value=10_000_000, required=False,
+                                              help_text="Sharing: GPU memory it needs on the shared GPU (MiB).")
+    mig_profile = serializers.CharField(max_length=20, required=False, allow_blank=True,
+                                        help_text="Sharing: a MIG profile such as \"1g.10gb\" instead of gpu_milli "
+                                                  "(gpus must be 1).")
+    restartable = serializers.BooleanField(required=False,
+                                           help_text="May be stopped and started again elsewhere (rebalancing).")
+    allow_remote_site = serializers.BooleanField(required=False,
+                                                 help_text="May run at another site of the pool after max_wait_s; "
+                                                           "needs site.")
+    grace_period_s = serializers.IntegerField(min_value=0, max_value=3600, required=False,
+                                              help_text="Seconds between SIGTERM and SIGKILL when it is stopped "
+                                                        "(default 30).")
 
     def validate_env(self, env):
         if len(env) > MAX_ENV:

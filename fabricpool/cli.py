@@ -181,7 +181,12 @@ def cmd_submit(api: Api, args) -> None:
             "priority": args.priority, "gang": not args.no_gang, "whole_hosts": not args.shared_hosts,
             "preemptible": args.preemptible, "max_leaves": args.max_leaves, "topology_hard": args.hard,
             "max_wait_s": args.max_wait, "estimated_runtime_s": args.estimated_runtime,
-            "max_runtime_s": args.max_runtime}
+            "max_runtime_s": args.max_runtime, "gpu_milli": args.gpu_share, "gpu_memory_mib": args.gpu_memory,
+            "mig_profile": args.mig, "grace_period_s": args.grace}
+    # Flags only when given, so an older server that lacks them still takes the job.
+    for flag in ("restartable", "allow_remote_site"):
+        if getattr(args, flag):
+            body[flag] = True
     if args.task_class:
         body["task_class"] = args.task_class
     body = {k: v for k, v in body.items() if v is not None}
@@ -190,9 +195,19 @@ def cmd_submit(api: Api, args) -> None:
                     f"({job['state']}). Follow it with: fabricpool status {job['id']}")
 
 
+def share_text(job: dict) -> str:
+    """"MIG 1g.10gb" or "250/1000 of one GPU, 8000 MiB"; "" for whole GPUs (or an older server)."""
+    if job.get("mig_profile"):
+        return f"MIG {job['mig_profile']}"
+    parts = [f"{job['gpu_milli']}/1000 of one GPU"] if job.get("gpu_milli") else []
+    parts += [f"{job['gpu_memory_mib']} MiB of GPU memory"] if job.get("gpu_memory_mib") else []
+    return ", ".join(parts)
+
+
 def job_text(job: dict) -> str:
     lines = [f"job {job['id']}" + (f" ({job['name']})" if job.get("name") else "") + f": {job['state']}",
              f"  tenant {job['tenant']}, pool {job['pool']}, {job['gpus']} GPUs, priority {job['priority']}",
+             *([f"  sharing: {share_text(job)}"] if share_text(job) else []),
              f"  command: {' '.join(job['command'])}",
              f"  submitted {short_time(job['created_at'])} by {job.get('submitted_by') or '-'}"]
     if job.get("pending_message") and job["state"] in ("pending", "preempted"):
@@ -277,6 +292,14 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--preemptible", action="store_true")
     s.add_argument("--no-gang", action="store_true", help="may start on fewer GPUs than asked")
     s.add_argument("--shared-hosts", action="store_true", help="a multi-host job need not take whole hosts")
+    s.add_argument("--gpu-share", type=int, metavar="MILLI",
+                   help="a share of one GPU in thousandths, 1-999 (with --gpus 1), e.g. 250")
+    s.add_argument("--gpu-memory", type=int, metavar="MIB", help="GPU memory the shared job needs, MiB")
+    s.add_argument("--mig", metavar="PROFILE", help="a MIG instance of this profile, e.g. 1g.10gb (with --gpus 1)")
+    s.add_argument("--restartable", action="store_true", help="may be stopped and restarted elsewhere (rebalancing)")
+    s.add_argument("--allow-remote-site", action="store_true",
+                   help="may run at another site after --max-wait (needs --site)")
+    s.add_argument("--grace", type=int, metavar="SECONDS", help="SIGTERM to SIGKILL on stop (default: 30)")
     s.add_argument("--env", action="append", metavar="NAME=VALUE")
     s.add_argument("command", nargs=argparse.REMAINDER, help="-- then the command and its arguments")
     s.set_defaults(run=cmd_submit)

@@ -234,6 +234,7 @@ def allocation_requests(job: Job, placement_id: int, parts: list[Part]) -> list[
         }
         if share:
             request["share"] = share  # sharing
+        request["grace_period_s"] = job.grace_period_s  # the job's SIGTERM -> SIGKILL grace on stop
         if job.estimated_runtime_s is not None:
             request["duration_s"] = job.estimated_runtime_s  # how long the simulator's fake work runs
         if len(parts) > 1:

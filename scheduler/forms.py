@@ -23,7 +23,9 @@ UNIT_SECONDS = {"d": 86400, "h": 3600, "m": 60, "s": 1, "": 1}
 MAX_REASON = 500
 MAX_ENV_VALUE = 4095
 # services.submit_job's field names that differ from this form's.
-SERVICE_FIELDS = {"estimated_runtime_s": "estimated_runtime", "max_runtime_s": "max_runtime", "max_wait_s": "max_wait"}
+SERVICE_FIELDS = {"estimated_runtime_s": "estimated_runtime", "max_runtime_s": "max_runtime", "max_wait_s": "max_wait",
+                  "grace_period_s": "grace_period"}
+MAX_GRACE_S = 3600  # services.submit_job's limit
 
 
 def parse_duration(text: str) -> int:
@@ -117,6 +119,17 @@ class SubmitJobForm(forms.Form):
     tenant = forms.ModelChoiceField(Tenant.objects.all(), to_field_name="name", empty_label="choose a tenant")
     pool = forms.ModelChoiceField(Pool.objects.all(), to_field_name="name", empty_label="choose a pool")
     gpus = forms.IntegerField(label="GPUs", min_value=1, max_value=100_000)
+    # sharing: a fraction of one GPU in thousandths (1-999); the job then asks for 1 GPU.
+    gpu_milli = forms.IntegerField(label="Share of one GPU (thousandths)", required=False, min_value=1, max_value=999,
+                                   help_text="e.g. 250 for a quarter of a GPU, shared with other jobs; empty: whole GPUs.")
+    gpu_memory_mib = forms.IntegerField(label="GPU memory of the share (MiB)", required=False, min_value=1,
+                                        max_value=10_000_000,
+                                        help_text="Memory it needs on the shared GPU; alone, it asks for that part "
+                                                  "of a GPU.")
+    mig_profile = forms.CharField(label="MIG profile", required=False, max_length=20,
+                                  widget=forms.TextInput(attrs={"size": 10, "placeholder": "1g.10gb"}),
+                                  help_text="A MIG instance instead of a share, e.g. 1g.10gb or 3g.40gb "
+                                            "(A100, H100...).")
     gpu_models = forms.CharField(
         label="GPU models", required=False, max_length=200,
         help_text="Any of these, separated by commas (e.g. H100, A100); empty: any model.")
@@ -124,19 +137,27 @@ class SubmitJobForm(forms.Form):
                                         max_value=10_000_000)
     fp64 = forms.ChoiceField(label="FP64 class", choices=Job.Fp64.choices, required=False)
     site = forms.CharField(max_length=100, required=False, help_text="Empty: any site.")
+    allow_remote_site = forms.BooleanField(label="May run at another site", required=False,
+                                           help_text="Once it has waited the time below (Topology: relax "
+                                                     "after) without starting at its site; needs the site.")
     task_class = forms.ChoiceField(choices=Job.TaskClass.choices, initial=Job.TaskClass.TRAINING)
     priority = forms.IntegerField(initial=0, min_value=-1_000_000, max_value=1_000_000, help_text="Higher first.")
     gang = forms.BooleanField(required=False, initial=True, help_text="All GPUs at once.")
     whole_hosts = forms.BooleanField(required=False, initial=True,
                                      help_text="A job larger than one host takes whole hosts.")
     preemptible = forms.BooleanField(required=False)
+    restartable = forms.BooleanField(required=False,
+                                     help_text="It may be stopped and started again elsewhere (rebalancing).")
+    grace_period = DurationField(label="Grace period on stop", initial="30s",
+                                 help_text="After SIGTERM, how long it may take to stop before SIGKILL; e.g. 30s, 2m.")
     estimated_runtime = DurationField(label="Estimated run time", minimum=1,
                                       help_text="e.g. 45m, 2h, 1h30m; lets smaller jobs backfill around it.")
     max_runtime = DurationField(label="Maximum run time", minimum=1)
     max_leaves = forms.IntegerField(label="At most this many leaf switches", required=False, min_value=1,
                                     max_value=100_000)
     topology_hard = forms.BooleanField(label="Hard limit (never relaxed)", required=False)
-    max_wait = DurationField(label="Soft limit: relax it after", help_text="e.g. 10m; empty: at once.")
+    max_wait = DurationField(label="Soft limit: relax it after",
+                             help_text="e.g. 10m; empty: at once. Also the wait before another site (if allowed).")
     command = forms.CharField(max_length=20_000, widget=forms.TextInput(attrs={"size": 60}),
                               help_text="As in a shell: quotes group words; nothing is expanded.")
     env = forms.CharField(label="Environment", required=False, max_length=50_000,
@@ -145,6 +166,9 @@ class SubmitJobForm(forms.Form):
     def clean_gpu_models(self) -> list[str]:
         parts = [p.strip() for p in self.cleaned_data["gpu_models"].split(",")]
         return list(dict.fromkeys(p for p in parts if p))
+
+    def clean_mig_profile(self) -> str:
+        return self.cleaned_data["mig_profile"].strip().lower()
 
     def clean_command(self) -> list[str]:
         return parse_command(self.cleaned_data["command"])
@@ -157,11 +181,18 @@ class SubmitJobForm(forms.Form):
         est, most = data.get("estimated_runtime"), data.get("max_runtime")
         if est is not None and most is not None and est > most:
             self.add_error("estimated_runtime", "Longer than the maximum run time.")
+        if data.get("gpu_milli") and data.get("gpus") not in (None, 1):  # sharing
+            self.add_error("gpu_milli", "A shared job runs on one GPU: set GPUs to 1.")
+        if data.get("mig_profile") and (data.get("gpu_milli") or data.get("gpu_memory_mib")):
+            self.add_error("mig_profile", "A MIG profile fixes the share and the memory: leave those two empty.")
+        if data.get("grace_period") is not None and data["grace_period"] > MAX_GRACE_S:
+            self.add_error("grace_period", f"At most {MAX_GRACE_S // 60} minutes.")
         if data.get("topology_hard") and not data.get("max_leaves"):
             self.add_error("max_leaves", "A hard limit needs the number of leaf switches.")
-        if data.get("max_wait") and not data.get("max_leaves"):
+        # The wait also says when a job that allows another site may go there (policies).
+        if data.get("max_wait") and not data.get("max_leaves") and not data.get("allow_remote_site"):
             self.add_error("max_wait", "A wait only applies to a leaf-switch limit: give the limit or leave this empty.")
-        elif data.get("max_wait") and data.get("topology_hard"):
+        elif data.get("max_wait") and data.get("topology_hard") and not data.get("allow_remote_site"):
             self.add_error("max_wait", "A hard limit is never relaxed: leave the wait empty or untick hard.")
         return data
 
@@ -184,6 +215,10 @@ class SubmitJobForm(forms.Form):
             "gang": d["gang"], "whole_hosts": d["whole_hosts"], "preemptible": d["preemptible"], "estimated_runtime_s": d["estimated_runtime"],
             "max_runtime_s": d["max_runtime"], "max_leaves": d["max_leaves"], "topology_hard": d["topology_hard"],
             "max_wait_s": d["max_wait"] or 0, "command": d["command"], "env": d["env"],
+            "gpu_milli": d["gpu_milli"] or 0, "gpu_memory_mib": d["gpu_memory_mib"] or 0,
+            "mig_profile": d["mig_profile"], "restartable": d["restartable"],
+            "allow_remote_site": d["allow_remote_site"],
+            "grace_period_s": 30 if d["grace_period"] is None else d["grace_period"],
         }
 
 
@@ -214,10 +249,12 @@ class OverrideForm(forms.Form):
 
 
 SUBMIT_FIELDSETS = [
-    ("The job", ["name", "tenant", "pool", "gpus", "task_class", "priority", "gang", "whole_hosts", "preemptible"]),
-    ("Constraints", ["gpu_models", "min_memory_mib", "fp64", "site"]),
+    ("The job", ["name", "tenant", "pool", "gpus", "task_class", "priority", "gang", "whole_hosts", "preemptible",
+                 "restartable"]),
+    ("GPU sharing (a part of one GPU)", ["gpu_milli", "gpu_memory_mib", "mig_profile"]),
+    ("Constraints", ["gpu_models", "min_memory_mib", "fp64", "site", "allow_remote_site"]),
     ("Topology", ["max_leaves", "topology_hard", "max_wait"]),
-    ("Run time", ["estimated_runtime", "max_runtime"]),
+    ("Run time", ["estimated_runtime", "max_runtime", "grace_period"]),
     ("What to run", ["command", "env"]),
 ]
 

@@ -25,6 +25,7 @@ from django.utils import timezone
 from pool.models import Gpu, Pool
 
 from . import audit, engine, signals, snapshot
+from .engine import sharing
 from .models import Job, Placement, PlacementGpu, PoolPolicy, Tenant
 from .policy import MOVED_PREFIX, PREEMPTED_PREFIX, operator_needed, request_stops, victim_placements
 
@@ -353,9 +354,11 @@ def submit_job(actor, *, tenant, pool, gpus, command, env=None, name="", gpu_mod
                site="", task_class=Job.TaskClass.TRAINING, priority=0, gang=True, whole_hosts=True,
                estimated_runtime_s=None, max_runtime_s=None, preemptible=False, max_leaves=None,
                topology_hard=False, max_wait_s=0, restartable=False, allow_remote_site=False,
-               grace_period_s=30) -> Job:
+               grace_period_s=30, gpu_milli=0, gpu_memory_mib=0, mig_profile="") -> Job:
     """Validate and queue a job; ask for a cycle soon. `tenant`/`pool`: rows or names.
-    `actor` None: a trusted caller (the command line). Raises ValidationError({field: message})."""
+    `actor` None: a trusted caller (the command line). Raises ValidationError({field: message}).
+    Sharing: `gpu_milli` (1-999 thousandths of one GPU), `gpu_memory_mib` and/or `mig_profile`
+    ("1g.10gb"; not with a share) ask for a fraction of one GPU, so `gpus` must be 1."""
     if actor is not None:
         _require(actor, SUBMIT, "submit jobs")
     errors: dict[str, str] = {}
@@ -415,6 +418,15 @@ def submit_job(actor, *, tenant, pool, gpus, command, env=None, name="", gpu_mod
         errors["site"] = "at most 100 characters"
     if allow_remote_site and not site:
         errors["allow_remote_site"] = "a job may run at another site only when it names its home site"
+    for field, value in (("restartable", restartable), ("allow_remote_site", allow_remote_site)):
+        if not isinstance(value, bool) and value not in (0, 1, None):
+            errors[field] = f"expected true or false, got {value!r}"
+    gpu_milli = whole("gpu_milli", gpu_milli or 0, 0, sharing.MILLI - 1)
+    gpu_memory_mib = whole("gpu_memory_mib", gpu_memory_mib or 0, 0, 10_000_000)
+    mig_profile = _mig_profile(mig_profile, gpu_milli, gpu_memory_mib, errors)
+    if (gpu_milli or gpu_memory_mib or mig_profile) and gpus not in (None, 1):
+        field = "gpu_milli" if gpu_milli else "gpu_memory_mib" if gpu_memory_mib else "mig_profile"
+        errors.setdefault(field, f"a shared job runs on a fraction of one GPU: ask for 1 GPU, not {gpus}")
     if errors:
         raise ValidationError({k: [v] for k, v in errors.items()})
 
@@ -427,6 +439,7 @@ def submit_job(actor, *, tenant, pool, gpus, command, env=None, name="", gpu_mod
             estimated_runtime_s=estimated_runtime_s, max_runtime_s=max_runtime_s, preemptible=bool(preemptible),
             max_leaves=max_leaves, topology_hard=bool(topology_hard), max_wait_s=max_wait_s, command=list(command),
             restartable=bool(restartable), allow_remote_site=bool(allow_remote_site), grace_period_s=grace_period_s,
+            gpu_milli=gpu_milli, gpu_memory_mib=gpu_memory_mib, mig_profile=mig_profile,
             env=dict(env), submitted_by=actor if actor is not None else None, state=Job.State.PENDING,
             state_changed_at=now, created_at=now, pending_reason="new",
             pending_message="Submitted; waiting for the next allocation cycle.")
@@ -435,6 +448,25 @@ def submit_job(actor, *, tenant, pool, gpus, command, env=None, name="", gpu_mod
         _after_commit(job_ids=[job.pk], to_state=Job.State.PENDING)
         transaction.on_commit(_cycle_soon)
     return job
+
+
+def _mig_profile(value, gpu_milli, gpu_memory_mib, errors) -> str:
+    """The MIG profile normalised ("3g.40gb"), "" for none; a problem goes to errors."""
+    if value is None or value == "":
+        return ""
+    if not isinstance(value, str):
+        errors["mig_profile"] = f"expected a MIG profile such as 1g.10gb, got {value!r}"
+        return ""
+    profile = value.strip().lower()
+    try:
+        sharing.parse_mig(profile)
+    except sharing.SharingError as exc:
+        errors["mig_profile"] = str(exc)[:300]
+        return ""
+    if gpu_milli or gpu_memory_mib:
+        errors["mig_profile"] = ("a MIG profile fixes the share and the memory: give either mig_profile or "
+                                 "gpu_milli/gpu_memory_mib, not both")
+    return profile
 
 
 def _named(model, value, field, errors):

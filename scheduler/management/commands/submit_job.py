@@ -33,6 +33,15 @@ class Command(BaseCommand):
         parser.add_argument("--topology-hard", action="store_true", help="never relax --max-leaves")
         parser.add_argument("--max-wait", type=int, default=0, metavar="SECONDS",
                             help="a soft --max-leaves is dropped after this wait (default: %(default)s)")
+        parser.add_argument("--gpu-share", type=int, default=0, metavar="MILLI",
+                            help="a share of one GPU in thousandths, 1-999 (with --gpus 1)")
+        parser.add_argument("--gpu-memory", type=int, default=0, metavar="MIB", help="GPU memory of the share, MiB")
+        parser.add_argument("--mig", default="", metavar="PROFILE", help="a MIG instance, e.g. 1g.10gb (with --gpus 1)")
+        parser.add_argument("--restartable", action="store_true", help="may be stopped and restarted elsewhere")
+        parser.add_argument("--allow-remote-site", action="store_true",
+                            help="may run at another site after --max-wait (needs --site)")
+        parser.add_argument("--grace", type=int, default=30, metavar="SECONDS",
+                            help="SIGTERM to SIGKILL when it is stopped (default: %(default)s)")
         parser.add_argument("--env", action="append", default=[], metavar="NAME=VALUE")
         parser.add_argument("--create-tenant", action="store_true", help="create the tenant if it does not exist (demos)")
         parser.add_argument("argv", nargs="*", metavar="COMMAND", help="what the agents run, after --")
@@ -58,7 +67,10 @@ class Command(BaseCommand):
                                           gang=not opts["no_gang"], estimated_runtime_s=opts["estimated_runtime"],
                                           max_runtime_s=opts["max_runtime"], preemptible=opts["preemptible"],
                                           max_leaves=opts["max_leaves"], topology_hard=opts["topology_hard"],
-                                          max_wait_s=opts["max_wait"])
+                                          max_wait_s=opts["max_wait"], gpu_milli=opts["gpu_share"],
+                                          gpu_memory_mib=opts["gpu_memory"], mig_profile=opts["mig"],
+                                          restartable=opts["restartable"],
+                                          allow_remote_site=opts["allow_remote_site"], grace_period_s=opts["grace"])
         except ValidationError as exc:
             problems = "; ".join(f"{field}: {' '.join(msgs)}" for field, msgs in exc.message_dict.items())
             raise CommandError(f"job not submitted: {problems}") from None
