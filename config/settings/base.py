@@ -49,12 +49,15 @@ INSTALLED_APPS = [
     "fabric",
     "pool",
     "scheduler",
+    "drf_spectacular",
+    "api",
     # Last: its post_migrate handler syncs the roles once every app's permissions exist.
     "core",
 ]
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    "core.security.ContentSecurityPolicyMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -111,10 +114,34 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
 
+# Django's cache (the login rate limit, core/security.py) is shared by every server process.
+# Short timeouts: a Redis outage must not hang a login (the limit then goes unenforced).
+CACHES = {
+    "default": {
+        "BACKEND": "django.core.cache.backends.redis.RedisCache",
+        "LOCATION": REDIS_URL,
+        "KEY_PREFIX": "fabricpool",
+        "OPTIONS": {"socket_connect_timeout": 1, "socket_timeout": 1},
+    }
+}
+
+# --- security (core/security.py; production.py adds HTTPS) -----------------------------------
+X_FRAME_OPTIONS = "DENY"
+SECURE_REFERRER_POLICY = "same-origin"
+SECURE_CONTENT_TYPE_NOSNIFF = True
+CONTENT_SECURITY_POLICY: dict = {}  # directive -> sources, over core.security.DEFAULT_CSP
+CONTENT_SECURITY_POLICY_REPORT_ONLY = env_bool("CONTENT_SECURITY_POLICY_REPORT_ONLY", False)
+# After this many failed logins for one user name from one address within the window,
+# further attempts are refused without checking the password until the window ends.
+LOGIN_FAILURE_LIMIT = int(env_float("LOGIN_FAILURE_LIMIT", 5))
+LOGIN_FAILURE_WINDOW_S = int(env_float("LOGIN_FAILURE_WINDOW_S", 900))
+
 CHANNEL_LAYERS = {
     "default": {
         "BACKEND": "channels_redis.core.RedisChannelLayer",
-        "CONFIG": {"hosts": [REDIS_URL], "capacity": 1000, "expiry": 30},
+        # CHANNEL_LAYER_PREFIX: a benchmark's server keeps its groups apart from earlier runs'.
+        "CONFIG": {"hosts": [REDIS_URL], "capacity": 1000, "expiry": 30,
+                   "prefix": os.environ.get("CHANNEL_LAYER_PREFIX", "asgi")},
     }
 }
 
@@ -123,6 +150,9 @@ CELERY_RESULT_BACKEND = None
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+# A message taken by a worker that then died (SIGKILL, power) goes back to the queue after
+# this many seconds (Redis transport); tasks are idempotent, so a second run is safe.
+CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": env_float("CELERY_VISIBILITY_TIMEOUT", 3600.0)}
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_BEAT_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"
 CELERY_TIMEZONE = "UTC"
@@ -148,8 +178,32 @@ STATICFILES_DIRS = [BASE_DIR / "static"]
 STATIC_ROOT = VAR_DIR / "staticfiles"
 
 REST_FRAMEWORK = {
-    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
-    "DEFAULT_AUTHENTICATION_CLASSES": ["rest_framework.authentication.SessionAuthentication"],
+    # Bearer first: a request without a token header falls through to the session (with CSRF).
+    "DEFAULT_AUTHENTICATION_CLASSES": ["api.authentication.BearerTokenAuthentication",
+                                       "rest_framework.authentication.SessionAuthentication"],
+    "DEFAULT_PERMISSION_CLASSES": ["api.permissions.RolePermission"],
+    "DEFAULT_THROTTLE_CLASSES": ["api.throttling.WriteRateThrottle"],
+    "DEFAULT_PAGINATION_CLASS": "api.pagination.Pagination",
+    "DEFAULT_FILTER_BACKENDS": ["api.filters.SpecFilterBackend", "api.filters.StrictOrderingFilter"],
+    "EXCEPTION_HANDLER": "api.errors.api_exception_handler",
+    "DEFAULT_SCHEMA_CLASS": "api.schema.AutoSchema",
+}
+# Writes (POST) through the API per user, e.g. "120/min" (reads are not limited).
+API_WRITE_RATE = os.environ.get("API_WRITE_RATE", "120/min")
+SPECTACULAR_SETTINGS = {
+    "TITLE": "FabricPool API",
+    "DESCRIPTION": "Jobs, placements, hosts, GPUs, pools, tenants, fabric and cycles of a FabricPool control plane.",
+    "VERSION": "1",
+    "SCHEMA_PATH_PREFIX": "/api/v1",
+    "SERVE_INCLUDE_SCHEMA": False,
+    "SERVE_PERMISSIONS": ["api.permissions.RolePermission"],
+    "COMPONENT_SPLIT_REQUEST": True,
+    "ENUM_NAME_OVERRIDES": {
+        "JobStateEnum": "scheduler.models.Job.State", "PlacementStateEnum": "scheduler.models.Placement.State",
+        "PlacementKindEnum": "scheduler.models.Placement.Kind", "HostStateEnum": "pool.models.Host.State",
+        "LinkStateEnum": "fabric.models.Link.State", "LinkKindEnum": "fabric.models.Link.Kind",
+        "FabricEventKindEnum": "fabric.models.FabricEvent.Kind",
+    },
 }
 
 LOGGING = {
@@ -213,6 +267,17 @@ GPU_FP64_CLASSES: dict = {}  # model word -> "high" | "low", overrides pool's bu
 CYCLE_INTERVAL = env_float("CYCLE_INTERVAL", 5.0)  # seconds between allocation cycles
 PROPOSAL_TTL = env_float("PROPOSAL_TTL", 300.0)  # an undecided proposal expires after this
 USAGE_HALF_LIFE_HOURS = env_float("USAGE_HALF_LIFE_HOURS", 24.0)  # fair-share usage decay
+# Task classes (scheduler.engine.ClassRule; the admin's TaskClassRule rows override a class).
+SCHEDULER_TASK_CLASSES = {
+    "training": {"pack_tightly": True},
+    "inference": {"prefer_healthy_leaves": True, "prefer_lightly_loaded": True, "preemptible": False},
+    "simulation": {"prefer_healthy_leaves": True, "prefer_lightly_loaded": True, "preemptible": False},
+    "science": {"requires_fp64": "high"},
+    "rendering": {"leftovers_only": True},
+}
+# Rebalancing: restartable jobs whose GPUs stayed under this utilization (%) this long are proposed for a move.
+REBALANCE_IDLE_S = env_float("REBALANCE_IDLE_S", 3600.0)
+REBALANCE_IDLE_UTILIZATION = env_float("REBALANCE_IDLE_UTILIZATION", 5.0)
 # A submission asks for a cycle within this many seconds; more submissions meanwhile share it.
 CYCLE_SOON_DELAY = env_float("CYCLE_SOON_DELAY", 1.0)
 # Dispatch to agents: each request gives up after DISPATCH_TIMEOUT seconds; a host that did
@@ -236,3 +301,12 @@ FOREIGN_BUSY_S = env_float("FOREIGN_BUSY_S", 60.0)
 # --- live views ---------------------------------------------------------------------------
 LIVE_FLUSH_INTERVAL_S = env_float("LIVE_FLUSH_INTERVAL_S", 0.25)  # a client gets at most one message per window
 LIVE_KEY_PREFIX = os.environ.get("LIVE_KEY_PREFIX", "fabricpool:live:")
+
+# --- Prometheus /metrics (core/views_metrics.py) --------------------------------------------
+# A scraper needs the bearer token, an address in the allow-list, or both when both are set;
+# with neither set only logged-in admins see /metrics. Histograms cover the last METRICS_WINDOW_S.
+METRICS_TOKEN = os.environ.get("METRICS_TOKEN", "").strip()
+METRICS_ALLOWED_IPS = env_list("METRICS_ALLOWED_IPS")  # addresses or networks: 10.0.0.5,10.1.0.0/16
+METRICS_WINDOW_S = env_float("METRICS_WINDOW_S", 900.0)
+if METRICS_TOKEN and len(METRICS_TOKEN) < 16:
+    raise ImproperlyConfigured("METRICS_TOKEN must be at least 16 characters (e.g. `openssl rand -hex 32`)")
