@@ -11,8 +11,9 @@ Method:
   (idle simulated GPUs hardly move, so deltas would be empty). One poll round runs
   before the clients connect (it adopts every GPU): measured rounds carry value changes.
 * daphne serves config.asgi on a free port, with REDIS_URL on its own database number
-  (--redis-db) and a unique LIVE_KEY_PREFIX, so neither sequence numbers nor "last pushed"
-  values mix with another server's, and --websocket-max-message-size 16 MiB: daphne's
+  (--redis-db), a unique LIVE_KEY_PREFIX and CHANNEL_LAYER_PREFIX, so neither sequence
+  numbers, "last pushed" values nor channel-layer groups mix with another server's (a killed
+  server's group members stay a day: later runs would send to them too), and --websocket-max-message-size 16 MiB: daphne's
   default (1 MiB) is below the pool snapshot of 4,096 x 8 GPUs (~1.45 MB), which it then
   refuses to send (close 1011); snapshot_fits_daphne_default says so. Clients log in
   with a session made in the database for a viewer user, send the Origin header the
@@ -64,7 +65,7 @@ from pathlib import Path
 # otherwise; the pool snapshot of 4,096 hosts x 8 GPUs is larger (issue: see the report).
 DAPHNE_DEFAULT_MAX_MESSAGE = 1_048_576
 GOALS = {"latency_p95_ms": 500.0, "delta_to_snapshot": 0.10}
-HEAD = re.compile(r'\{"type": "(\w+)", (?:"since": (\d+), )?"seq": (\d+)')
+HEAD = re.compile(r'\{"type": ?"(\w+)", ?(?:"since": ?(\d+), ?)?"seq": ?(\d+)')
 
 
 def main(argv=None) -> int:
@@ -87,12 +88,14 @@ def main(argv=None) -> int:
     # A plain kill runs the cleanup too (server, simulator, Redis keys, temporary files).
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     scratch = tempfile.TemporaryDirectory(prefix="fabricpool-bench-live-")
+    tag = uuid.uuid4().hex[:8]
     env = {
         "FABRICPOOL_VAR_DIR": scratch.name,
         "DJANGO_SETTINGS_MODULE": "config.settings.dev",
         "DEBUG": "0",
         "REDIS_URL": f"redis://127.0.0.1:6379/{args.redis_db}",
-        "LIVE_KEY_PREFIX": f"fabricpool:bench-live-{uuid.uuid4().hex[:8]}:",
+        "LIVE_KEY_PREFIX": f"fabricpool:bench-live-{tag}:",
+        "CHANNEL_LAYER_PREFIX": f"bench-live-{tag}",
     }
     os.environ.pop("DATABASE_URL", None)  # always the throw-away SQLite file, never a real database
     os.environ.update(env)
@@ -119,7 +122,8 @@ def main(argv=None) -> int:
     except BaseException:
         log = Path(scratch.name) / "daphne.log"
         if log.exists():
-            print("daphne's log ends:\n" + log.read_text()[-4000:], file=sys.stderr)
+            text = log.read_text()
+            print(f"daphne's log begins:\n{text[:3000]}\n...\nand ends:\n{text[-3000:]}", file=sys.stderr)
         raise
     finally:
         for proc in (server, simulator):
@@ -127,6 +131,7 @@ def main(argv=None) -> int:
                 stop(proc)
         connection.close()
         cleanup_redis(env["LIVE_KEY_PREFIX"])
+        cleanup_redis(env["CHANNEL_LAYER_PREFIX"] + ":")
         scratch.cleanup()
     print(json.dumps(report, indent=2))
     return 0
@@ -253,6 +258,18 @@ def measure(args, port: int, cookie: str, server, poll_round) -> dict:
             for seq in range(before + 1, live.current_seq(live.POOL) + 1):
                 commits[seq] = committed
 
+    published: dict[int, float] = {}  # pool sequence number -> wall clock its send returned
+    original_publish = live.publish_many
+
+    def timed_publish(deltas):
+        before = live.current_seq(live.POOL)
+        try:
+            return original_publish(deltas)
+        finally:
+            sent = time.time()
+            for seq in range(before + 1, live.current_seq(live.POOL) + 1):
+                published.setdefault(seq, sent)
+
     parent, child = multiprocessing.get_context("spawn").Pipe()
     clients = multiprocessing.get_context("spawn").Process(
         target=client_process, args=(f"ws://127.0.0.1:{port}/ws/live/pool/", f"http://127.0.0.1:{port}", cookie,
@@ -268,6 +285,7 @@ def measure(args, port: int, cookie: str, server, poll_round) -> dict:
         server_proc = psutil.Process(server.pid)
         cpu_before, wall_before = cpu_seconds(server_proc), time.time()
         allocations_reported.send = timed_send  # instance attribute: ingest's on_commit calls it
+        live.publish_many = timed_publish  # core.live.publish goes through it too
         round_seconds = []
         try:
             for _ in range(args.rounds):
@@ -277,6 +295,7 @@ def measure(args, port: int, cookie: str, server, poll_round) -> dict:
                 time.sleep(args.pause_s)
         finally:
             del allocations_reported.send
+            live.publish_many = original_publish
         final_seq = live.current_seq(live.POOL)
         parent.send({"final_seq": final_seq})
         if not parent.poll(120):
@@ -288,7 +307,7 @@ def measure(args, port: int, cookie: str, server, poll_round) -> dict:
         if clients.is_alive():
             clients.kill()
     wall = (result["last_arrival"] or time.time()) - wall_before
-    return summarize(args, ready, result, commits, final_seq, round_seconds,
+    return summarize(args, ready, result, commits, published, final_seq, round_seconds,
                      cpu_after - cpu_before, max(wall, 1e-9))
 
 
@@ -308,8 +327,8 @@ def pct(values, q):
     return values[min(len(values) - 1, round(q * (len(values) - 1)))]
 
 
-def summarize(args, ready, result, commits, final_seq, round_seconds, cpu_s, wall_s) -> dict:
-    latencies, delta_sizes, lost, resyncs, behind = [], [], 0, 0, 0
+def summarize(args, ready, result, commits, published, final_seq, round_seconds, cpu_s, wall_s) -> dict:
+    latencies, after_publish, delta_sizes, lost, resyncs, behind = [], [], [], 0, 0, 0
     first: dict[int, float] = {}  # seq -> latency of the first client to have it
     for client in result["clients"]:
         held, delivered = client["snapshot_seq"], set()
@@ -328,6 +347,8 @@ def summarize(args, ready, result, commits, final_seq, round_seconds, cpu_s, wal
                 if s in commits:
                     latency = (arrival - commits[s]) * 1000
                     latencies.append(latency)
+                    if s in published:
+                        after_publish.append((arrival - published[s]) * 1000)
                     first[s] = min(first.get(s, latency), latency)
             held = seq
         lost += sum(1 for s in range(client["snapshot_seq"] + 1, final_seq + 1) if s not in delivered)
@@ -336,6 +357,8 @@ def summarize(args, ready, result, commits, final_seq, round_seconds, cpu_s, wal
     report = {
         "clients": args.clients,
         "connected": len(ready["snapshot_bytes"]),
+        "connect_failures": len(ready["connect_failures"]),
+        "connect_failure_example": (ready["connect_failures"] or [None])[0],
         "hosts": args.hosts,
         "gpus": args.hosts * args.gpus_per_host,
         "busy_hosts_share": args.busy,
@@ -349,6 +372,12 @@ def summarize(args, ready, result, commits, final_seq, round_seconds, cpu_s, wal
         # window without the fan-out to every client
         "first_client_latency_ms": {k: (round(v, 1) if v is not None else None) for k, v in
                                     (("p50", pct(list(first.values()), 0.5)), ("max", pct(list(first.values()), 1.0)))},
+        # Where the time goes: commit -> the pool delta handed to the channel layer (the live
+        # receivers in the polling process: diffing, sequence numbers, sends), then from
+        # there to each client (channel layer, the server's hub and coalescing window, the
+        # websocket, the client process).
+        "publish_ms": _stats([published[s] - commits[s] for s in commits if s in published], 1000),
+        "after_publish_ms": _stats(after_publish),
         "snapshot_bytes": int(snapshot),
         "snapshot_fits_daphne_default": snapshot <= DAPHNE_DEFAULT_MAX_MESSAGE,
         "server_max_message_bytes": args.ws_max_message_size,
@@ -372,9 +401,15 @@ def summarize(args, ready, result, commits, final_seq, round_seconds, cpu_s, wal
     report["goals_met"] = {
         "latency": p95 is not None and p95 <= GOALS["latency_p95_ms"],
         "delta_size": ratio is not None and ratio <= GOALS["delta_to_snapshot"],
-        "no_loss": lost == 0 and behind == 0,
+        "no_loss": lost == 0 and behind == 0 and not ready["connect_failures"],
     }
     return report
+
+
+def _stats(values, scale=1) -> dict:
+    values = [v * scale for v in values]
+    return {k: (round(v, 1) if v is not None else None) for k, v in
+            (("p50", pct(values, 0.5)), ("p95", pct(values, 0.95)), ("max", pct(values, 1.0)))}
 
 
 def _flush_interval() -> float:
@@ -422,13 +457,19 @@ async def _clients(url: str, origin: str, cookie: str, n: int, conn) -> None:
                 state[i]["messages"].append((arrival, kind, since, seq, len(msg.data.encode())))
                 if kind in ("delta", "snapshot"):
                     state[i]["seq"] = seq
-                if final["seq"] is not None and all(s["seq"] >= final["seq"] for s in state):
+                if final["seq"] is not None and all(s["seq"] >= final["seq"] for s in state if not s.get("failed")):
                     done.set()
 
         async def client(i):
             async with connecting:
-                ws = await session.ws_connect(url, headers=headers, max_msg_size=0, heartbeat=None)
-                msg = await ws.receive()
+                try:
+                    ws = await session.ws_connect(url, headers=headers, max_msg_size=0, heartbeat=None)
+                    msg = await ws.receive()
+                except (aiohttp.ClientError, OSError) as exc:
+                    # Counted and reported (connect_failures), not fatal: on a loaded machine a
+                    # handshake can outlast daphne's connect timeout; the rest still measure.
+                    state[i]["failed"] = f"{type(exc).__name__}: {exc}"
+                    return None
                 if msg.type != aiohttp.WSMsgType.TEXT:
                     raise RuntimeError(f"client {i}: no snapshot ({msg.type}, {msg.data!r}); login or origin refused?")
                 kind, _, seq = _head(msg.data)
@@ -440,14 +481,18 @@ async def _clients(url: str, origin: str, cookie: str, n: int, conn) -> None:
 
         readers = []
         started = time.monotonic()
-        sockets = await asyncio.gather(*(client(i) for i in range(n)))
-        conn.send({"snapshot_bytes": [s["snapshot_bytes"] for s in state], "connect_seconds": time.monotonic() - started})
+        sockets = [ws for ws in await asyncio.gather(*(client(i) for i in range(n))) if ws is not None]
+        if not sockets:
+            raise RuntimeError(f"no client connected: {state[0].get('failed')}")
+        conn.send({"snapshot_bytes": [s["snapshot_bytes"] for s in state if not s.get("failed")],
+                   "connect_failures": [s["failed"] for s in state if s.get("failed")],
+                   "connect_seconds": time.monotonic() - started})
 
         loop = asyncio.get_running_loop()
         while not conn.poll():
             await asyncio.sleep(0.1)
         final["seq"] = (await loop.run_in_executor(None, conn.recv))["final_seq"]
-        if not all(s["seq"] >= final["seq"] for s in state):
+        if not all(s["seq"] >= final["seq"] for s in state if not s.get("failed")):
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(done.wait(), 30)
         for task in readers:
@@ -456,7 +501,7 @@ async def _clients(url: str, origin: str, cookie: str, n: int, conn) -> None:
             with contextlib.suppress(Exception):
                 await ws.close()
     arrivals = [m[0] for s in state for m in s["messages"]]
-    conn.send({"clients": state, "last_arrival": max(arrivals) if arrivals else 0})
+    conn.send({"clients": [s for s in state if not s.get("failed")], "last_arrival": max(arrivals) if arrivals else 0})
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ from core.live_consumers import (
     OverviewConsumer,
     PoolConsumer,
     QueueConsumer,
+    TopologyConsumer,
 )
 
 websocket_urlpatterns = [
@@ -15,4 +16,5 @@ websocket_urlpatterns = [
     path("ws/live/queue/", QueueConsumer.as_asgi()),
     path("ws/live/pool/", PoolConsumer.as_asgi()),
     path("ws/live/host/<str:name>/", HostConsumer.as_asgi()),
+    path("ws/live/topology/", TopologyConsumer.as_asgi()),
 ]

@@ -11,13 +11,16 @@ Design, and why:
   publish() after their transaction commits. Each publish takes the group's next sequence
   number from one Redis counter (INCR: monotonic across every process) and goes to the
   group at once; a publisher never waits for or batches with another process.
-* Coalescing happens in each consumer (core.live_consumers): it merges what arrives during a
-  window (LIVE_FLUSH_INTERVAL_S, 250 ms) and sends one message per window at most, so a
-  browser gets at most a few messages a second however many workers publish and however
-  busy the cluster is. Rate limiting at the publisher (Redis keys) would have to drop or
-  defer deltas it never sends again; merging at the consumer loses nothing.
-* The consumer checks the sequence numbers it receives: a hole (the channel layer dropped
-  messages of a slow client) becomes a fresh snapshot instead of a wrong picture; the
+* Coalescing happens in each server process (core.live_consumers.GroupHub, one per group
+  with clients there): it merges what arrives during a window (LIVE_FLUSH_INTERVAL_S,
+  250 ms), encodes it once and every client of the group gets that text: one message per
+  window at most, so a browser gets at most a few messages a second however many workers
+  publish and however busy the cluster is. Rate limiting at the publisher (Redis keys)
+  would have to drop or defer deltas it never sends again; merging at the receiver loses
+  nothing. Only the hubs are channel-layer group members, so a delta crosses Redis once per
+  server process, and groups nobody watches (most "live.host.<id>") are not sent to.
+* The hub checks the sequence numbers it receives: a hole (the channel layer dropped
+  messages) becomes a fresh snapshot for its clients instead of a wrong picture; the
   browser checks the numbers of what it gets and asks for a resync on a hole too.
 * "Only what changed" is decided here, against the last values pushed, kept in Redis hashes
   (changed_values) so every worker compares against the same state: a GPU's utilization
@@ -88,16 +91,14 @@ def publish_many(deltas) -> bool:
     if not deltas:
         return True
     try:
-        pipe = redis_client().pipeline(transaction=False)
-        for group, _, _ in deltas:
-            pipe.incr(f"{_prefix()}seq:{group}")
-        seqs = pipe.execute()
+        seqs = _script(_INCR_ALL)(args=[json.dumps([f"{_prefix()}seq:{group}" for group, _, _ in deltas])])
         layer = get_channel_layer()
 
         async def send():
+            listened = await _listened(layer, [group for group, _, _ in deltas])
             await asyncio.wait_for(asyncio.gather(*(
                 layer.group_send(group, {"type": "live.delta", "seq": seq, "kind": kind, "payload": payload})
-                for (group, kind, payload), seq in zip(deltas, seqs))), SEND_TIMEOUT_S)
+                for (group, kind, payload), seq in zip(deltas, seqs) if group in listened)), SEND_TIMEOUT_S)
 
         async_to_sync(send)()
     except Exception as exc:  # noqa: BLE001 - the caller's work is done and committed
@@ -106,6 +107,28 @@ def publish_many(deltas) -> bool:
         return False
     stats["published"] += len(deltas)
     return True
+
+
+async def _listened(layer, groups: list[str]) -> set[str]:
+    """The groups with a member (a server process whose clients show that view). A poll chunk
+    touches hundreds of host groups that nobody watches; a group_send costs several Redis
+    round trips even to an empty group, and sending 257 of them made the pool view's delta
+    wait ~0.5 s for the host groups' (one pipeline of EXISTS instead). Safe against a member
+    joining meanwhile: the sequence numbers were taken first, and a member reads its
+    group's number after joining, so what it missed is in its snapshot.
+    Other channel layers than channels_redis's: every group."""
+    if not hasattr(layer, "_group_key") or not hasattr(layer, "consistent_hash"):
+        return set(groups)
+    by_shard: dict[int, list[str]] = {}
+    for group in groups:
+        by_shard.setdefault(layer.consistent_hash(group), []).append(group)
+    listened = set()
+    for index, names in by_shard.items():
+        pipe = layer.connection(index).pipeline(transaction=False)
+        for group in names:
+            pipe.exists(layer._group_key(group))
+        listened.update(group for group, exists in zip(names, await pipe.execute()) if exists)
+    return listened
 
 
 def merge(changes: dict, kind: str, payload: dict) -> None:
@@ -119,18 +142,57 @@ def changed_values(name: str, values: dict, same=None) -> dict:
     too small to push (the old value stays the reference, so small drifts add up)."""
     if not values:
         return {}
-    r = redis_client()
     key = f"{_prefix()}last:{name}"
     keys = [str(k) for k in values]
-    olds = r.hmget(key, keys)
+    olds = json.loads(_script(_READ_LAST)(keys=[key], args=[json.dumps(keys)]))
     changed = {}
     for k, old in zip(keys, olds):
         new = values[k] if k in values else values[int(k)]
-        if old is not None:
-            old = json.loads(old)
-            if old == new or (same is not None and same(old, new)):
-                continue
+        if old != 0 and (old[0] == new or (same is not None and same(old[0], new))):
+            continue  # old: [the value last pushed], or 0 when none was
         changed[k] = new
     if changed:
-        r.hset(key, mapping={k: json.dumps(v) for k, v in changed.items()})
+        _script(_WRITE_LAST)(keys=[key], args=[json.dumps([x for k, v in changed.items() for x in (k, json.dumps(v))])])
     return changed
+
+
+# HMGET and HSET of thousands of fields (a poll chunk's GPUs) with one argument each way:
+# redis-py packs every argument in Python, and 4,096 GPUs took ~0.5 s of the poll chunk's
+# time to the dashboards on a busy machine. The stored values are JSON texts, so the read
+# returns one JSON array of them ([value], or 0: none yet). Batches: Lua's unpack() has a limit.
+_READ_LAST = """
+local fields = cjson.decode(ARGV[1])
+local out = {}
+for i = 1, #fields, 1000 do
+  local got = redis.call('HMGET', KEYS[1], unpack(fields, i, math.min(i + 999, #fields)))
+  for j = 1, math.min(1000, #fields - i + 1) do
+    out[#out + 1] = got[j] and ('[' .. got[j] .. ']') or '0'
+  end
+end
+return '[' .. table.concat(out, ',') .. ']'
+"""
+_WRITE_LAST = """
+local flat = cjson.decode(ARGV[1])  -- field, value, field, value...
+for i = 1, #flat, 1000 do
+  redis.call('HSET', KEYS[1], unpack(flat, i, math.min(i + 999, #flat)))
+end
+return #flat
+"""
+# The sequence numbers of a poll chunk's ~500 groups in one argument (a pipeline of 500 INCRs
+# cost ~40 ms of packing and parsing in redis-py on a busy machine). Keys passed as an
+# argument: fine on one Redis, which is what the project runs (not Redis Cluster).
+_INCR_ALL = """
+local out = {}
+for i, key in ipairs(cjson.decode(ARGV[1])) do
+  out[i] = redis.call('INCR', key)
+end
+return out
+"""
+_scripts: dict = {}
+
+
+def _script(source: str):
+    client = redis_client()
+    if (client, source) not in _scripts:
+        _scripts[(client, source)] = client.register_script(source)
+    return _scripts[(client, source)]

@@ -65,6 +65,30 @@ def publish_host_states() -> None:
                       [(live.host_group(int(host_id)), "host", {"state": state}) for host_id, state in changed.items()])
 
 
+def _small_topology_change(old, new) -> bool:
+    # [state, mean utilization, busy GPUs, tenant]: only the utilization may drift a little.
+    if old[0] != new[0] or old[2:] != new[2:] or (old[1] is None) != (new[1] is None):
+        return False
+    return old[1] is None or abs(old[1] - new[1]) < GPU_THRESHOLDS[0]
+
+
+def publish_topology(host_ids=None, links=False) -> None:
+    """Topology colours of these hosts (None: all) and, with links, every drawn link's state."""
+    from .live_consumers import TOPOLOGY
+
+    deltas = [(TOPOLOGY, "hosts", live.changed_values("topo_host", snapshots.topology_hosts(host_ids),
+                                                      same=_small_topology_change))]
+    if links:
+        deltas.append((TOPOLOGY, "links", live.changed_values("topo_link", snapshots.topology_links())))
+    live.publish_many(deltas)
+
+
+def _placement_hosts(job_ids) -> list[int]:
+    from scheduler.models import PlacementGpu
+
+    return list(PlacementGpu.objects.filter(placement__job_id__in=job_ids).values_list("gpu__host_id", flat=True).distinct())
+
+
 def publish_jobs(job_ids) -> None:
     """Queue rows of these jobs (None: left the queue), their proposals (None: decided) and
     the GPUs their placements hold or released."""
@@ -86,20 +110,24 @@ def after_poll_chunk(sender, reports, **kwargs):
     publish_gpus([host_id for host_id, _, _ in reports])
     publish_host_states()
     publish_overview()
+    publish_topology([host_id for host_id, _, _ in reports])
 
 
 @_never_raises
 def after_job_state_change(sender, job_ids, **kwargs):
     publish_jobs(list(job_ids))
     publish_overview()
+    publish_topology(_placement_hosts(list(job_ids)))
 
 
 @_never_raises
 def after_placements_change(sender, placement_ids, **kwargs):
     from scheduler.models import Placement
 
-    publish_jobs(list(Placement.objects.filter(pk__in=placement_ids).values_list("job_id", flat=True).distinct()))
+    job_ids = list(Placement.objects.filter(pk__in=placement_ids).values_list("job_id", flat=True).distinct())
+    publish_jobs(job_ids)
     publish_overview()
+    publish_topology(_placement_hosts(job_ids))
 
 
 @_never_raises
@@ -108,6 +136,7 @@ def after_cycle_commit():
     # of the chunk unreachable: no allocations_reported) reaches the views within a cycle.
     publish_host_states()
     publish_overview()
+    publish_topology(links=True)
 
 
 def after_cycle_saved(sender, instance, created, **kwargs):
@@ -122,6 +151,20 @@ def after_topology_import(sender, fabric, result=None, **kwargs):
     publish_overview()
     # Hosts may have joined: the pool view's arrays change shape, so its clients reload.
     live.publish(live.POOL, "resync", {})
+    # The topology page draws positions fixed at load: it offers a reload for its fabric.
+    from .live_consumers import TOPOLOGY
+
+    live.publish(TOPOLOGY, "fabric", {fabric.name: snapshots._ms(snapshots.timezone.now())})
+    publish_topology(links=True)
+
+
+@_never_raises
+def after_link_health(sender=None, **kwargs):
+    """A link health check (fabric.tasks.check_link_health, in a Celery worker) set link states."""
+    if getattr(sender, "name", "") != "fabric.tasks.check_link_health":
+        return
+    publish_topology(links=True)
+    publish_overview()
 
 
 def connect():
@@ -138,3 +181,6 @@ def connect():
     signals.placements_stop_requested.connect(after_placements_change, dispatch_uid="core.live.stop")
     post_save.connect(after_cycle_saved, sender=AllocationCycle, dispatch_uid="core.live.cycle")
     topology_imported.connect(after_topology_import, dispatch_uid="core.live.topology")
+    from celery.signals import task_postrun
+
+    task_postrun.connect(after_link_health, weak=False, dispatch_uid="core.live.link_health")
