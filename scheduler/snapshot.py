@@ -274,7 +274,8 @@ def take(now: datetime | None = None, *, with_queue: bool = True) -> Taken:
     queries += q
     snap = engine.Snapshot(gpus=gpus, hosts=hosts, leaves=leaves, pods=pods, running=running, queue=queue,
                            quotas=quotas, now=t, class_rules=rules, site_links=links, gpu_idle_s=idle,
-                           idle_threshold_s=float(settings.REBALANCE_IDLE_S))
+                           idle_threshold_s=float(settings.REBALANCE_IDLE_S), order=settings.SCHEDULER_QUEUE_ORDER,
+                           order_max_wait_s=float(settings.SCHEDULER_ORDER_MAX_WAIT_S))
     return Taken(snapshot=snap, now=now, pending=pending, policies=policies, pool_ids=pool_ids,
                  gpus_total=len(gpus), gpus_free=free_count, running_gpus_by_tenant=running_by_tenant,
                  queries=queries)

@@ -275,6 +275,13 @@ SCHEDULER_TASK_CLASSES = {
     "science": {"requires_fp64": "high"},
     "rendering": {"leftovers_only": True},
 }
+# Order of the queue within one priority and fair-share level: "age" (oldest first) or
+# "short_first" (fewest estimated GPU-seconds first; a job that has waited
+# SCHEDULER_ORDER_MAX_WAIT_S goes ahead of those by age, so none starves). See README.
+SCHEDULER_QUEUE_ORDER = os.environ.get("SCHEDULER_QUEUE_ORDER", "age")
+SCHEDULER_ORDER_MAX_WAIT_S = env_float("SCHEDULER_ORDER_MAX_WAIT_S", 4 * 3600.0)
+if SCHEDULER_QUEUE_ORDER not in ("age", "short_first"):
+    raise ImproperlyConfigured(f"SCHEDULER_QUEUE_ORDER must be 'age' or 'short_first', not {SCHEDULER_QUEUE_ORDER!r}")
 # Rebalancing: restartable jobs whose GPUs stayed under this utilization (%) this long are proposed for a move.
 REBALANCE_IDLE_S = env_float("REBALANCE_IDLE_S", 3600.0)
 REBALANCE_IDLE_UTILIZATION = env_float("REBALANCE_IDLE_UTILIZATION", 5.0)

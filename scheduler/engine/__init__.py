@@ -12,12 +12,12 @@ run by plan after the plain cycle).
 from .model import (CONSTRAINTS, PLACE, PREEMPTION, PRIORITY, QUOTA, REASONS, REBALANCE, REMOTE, RESERVED, RESOURCES,
                     TOPOLOGY_WAIT, UNHEALTHY_HOSTS, ClassRule, Constraints, Cost, Decision, Gpu, Host, Job, Leaf, Move,
                     Plan, Pod, Quota, Reservation, Running, SiteLink, Snapshot, SnapshotError, TopologyRequirement)
-from .plan import plan, queue_order
+from .plan import plan, prepare, queue_order
 from .validate import validate_and_cost
 
 __all__ = [
     "CONSTRAINTS", "PLACE", "PREEMPTION", "PRIORITY", "QUOTA", "REASONS", "REBALANCE", "REMOTE", "RESERVED",
     "RESOURCES", "TOPOLOGY_WAIT", "UNHEALTHY_HOSTS", "ClassRule", "Constraints", "Cost", "Decision", "Gpu", "Host",
     "Job", "Leaf", "Move", "Plan", "Pod", "Quota", "Reservation", "Running", "SiteLink", "Snapshot", "SnapshotError",
-    "TopologyRequirement", "plan", "queue_order", "validate_and_cost",
+    "TopologyRequirement", "plan", "prepare", "queue_order", "validate_and_cost",
 ]

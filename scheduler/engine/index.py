@@ -1,6 +1,8 @@
 """Dense, incremental views of the hardware for fast placement.
 
-`Fabric` numbers hosts, placement leaves ("groups") and pods 0..n-1 once per cycle.
+`Fabric` numbers hosts, placement leaves ("groups") and pods 0..n-1 once per cycle, or once
+for many cycles when the caller passes the same one to `plan(snapshot, fabric=...)` (the
+hardware of every snapshot then must be the very sequences it was built from: a trace replay).
 `FreeIndex` keeps, for one class of jobs (one set of eligible GPUs), the free GPUs per host
 and the counters placement needs: free GPUs per group, GPUs on wholly free hosts per group,
 hosts bucketed by their free count, and per bucket a heap of groups ordered by
@@ -117,6 +119,18 @@ class Fabric:
             self.pool_hosts.setdefault(pool, []).append(h)
         self.kinds = {(g.model, g.memory_mib, g.fp64) for g in snap.gpus}
         self._kind_cache: dict = {}
+        self._elig_cache: dict = {}
+        self.class_cache: dict = {}  # engine.plan: what never changes about a class of jobs
+        # Usable unless a running job holds it: free, healthy, on a healthy host.
+        self.usable = frozenset(g.id for g in snap.gpus
+                                if g.free and g.healthy and self.host_healthy[self.gpu_host[g.id]])
+        self.source = (snap.gpus, snap.hosts, snap.leaves, snap.pods)
+        self._sizes = tuple(len(s) for s in self.source)
+
+    def matches(self, snap: Snapshot) -> bool:
+        """Built from this snapshot's hardware: the same sequence objects, still the same length."""
+        seqs = (snap.gpus, snap.hosts, snap.leaves, snap.pods)
+        return all(a is b for a, b in zip(self.source, seqs)) and tuple(len(s) for s in seqs) == self._sizes
 
     def group_label(self, g: int) -> str:
         key = self.group_key[g]
@@ -139,8 +153,13 @@ class Fabric:
         return kinds
 
     def eligible(self, pool, site, kinds, healthy_only: bool) -> dict[int, list]:
-        """host index -> its GPU ids a job of this class may use (sorted by GPU index)."""
-        out = {}
+        """host index -> its GPU ids a job of this class may use (sorted by GPU index).
+        Cached: callers must not change what it returns."""
+        key = (pool, site, kinds, healthy_only)
+        out = self._elig_cache.get(key)
+        if out is not None:
+            return out
+        out = self._elig_cache[key] = {}
         for h in self.pool_hosts.get(pool, ()):
             if site is not None and self.host_site[h] != site:
                 continue
@@ -171,6 +190,15 @@ class Capacity:
         pens = [0.0] * fab.ngroups if ignore_health else fab.group_pen
         self._caps = {True: Leaves(whole, pens), False: Leaves(loose, pens)}
 
+    @classmethod
+    def of(cls, idx: "FreeIndex") -> "Capacity":
+        """The capacities of a FreeIndex as it is now (the same as Capacity(fab, elig, free))."""
+        cap = cls.__new__(cls)
+        cap.max_host = idx.max_host_free()
+        pens = idx.fab.group_pen
+        cap._caps = {True: Leaves(idx.gwhole, pens), False: Leaves(idx.gfree, pens)}
+        return cap
+
     def leaves(self, whole: bool) -> "Leaves":
         return self._caps[whole]
 
@@ -195,10 +223,11 @@ class Leaves:
 class FreeIndex:
     """Free eligible GPUs of one job class, with incremental counters (see module doc)."""
 
-    def __init__(self, fab: Fabric, elig: dict[int, list], free: set):
+    def __init__(self, fab: Fabric, elig: dict[int, list], free: set, members=None):
         self.fab = fab
         self.elig = elig
-        self.members = {i for ids in elig.values() for i in ids}
+        # members: every GPU id in elig, when the caller has it already.
+        self.members = members if members is not None else {i for ids in elig.values() for i in ids}
         self.hosts = sorted(elig)
         H, G = len(fab.host_ids), fab.ngroups
         self.cap = [0] * H

@@ -19,6 +19,10 @@ UNHEALTHY_HOSTS = "unhealthy_hosts"  # only hosts/GPUs marked unhealthy could sa
 RESERVED = "reserved_for_higher_priority"  # fits only on GPUs held for a higher-ranked job
 REASONS = (RESOURCES, PRIORITY, QUOTA, TOPOLOGY_WAIT, CONSTRAINTS, UNHEALTHY_HOSTS, RESERVED)
 
+# Queue orders within a priority (Snapshot.order).
+AGE, SHORT_FIRST = "age", "short_first"
+ORDERS = (AGE, SHORT_FIRST)
+
 # Decision kinds (Placement.kind).
 PLACE, PREEMPTION, REMOTE, REBALANCE = "place", "preemption", "remote", "rebalance"
 
@@ -186,6 +190,12 @@ class Snapshot:
     site_links: Mapping[frozenset, SiteLink] = field(default_factory=dict)  # frozenset({a, b}) -> link
     gpu_idle_s: Mapping[Hashable, float] = field(default_factory=dict)  # GPU id -> seconds at ~0 % utilization
     idle_threshold_s: float = 3600.0  # rebalancing: allocated GPUs idle longer than this are reported
+    # Order within one priority and fair-share level (engine.plan.queue_order): "age" (oldest
+    # first) or "short_first" (least estimated GPU-seconds first, for less average queueing;
+    # a job without an estimate or maximum run time counts as endless). Under short_first a
+    # job that has waited `order_max_wait_s` goes ahead of those by age, so none starves.
+    order: str = "age"
+    order_max_wait_s: float = 4 * 3600.0
 
 
 @dataclass(frozen=True, slots=True)

@@ -31,8 +31,8 @@ import math
 from dataclasses import replace
 
 from .index import Capacity, Fabric, FreeIndex, Leaves
-from .model import (CONSTRAINTS, PRIORITY, QUOTA, RESERVED, RESOURCES, TOPOLOGY_WAIT, UNHEALTHY_HOSTS, ClassRule,
-                    Decision, Cost, Job, Plan, Quota, Reservation, Snapshot, SnapshotError)
+from .model import (CONSTRAINTS, ORDERS, PRIORITY, QUOTA, RESERVED, RESOURCES, SHORT_FIRST, TOPOLOGY_WAIT,
+                    UNHEALTHY_HOSTS, ClassRule, Decision, Cost, Job, Plan, Quota, Reservation, Snapshot, SnapshotError)
 from .placement import LOOSE, PARTIAL, SINGLE, WHOLE, choose, describe
 
 NO_QUOTA = Quota()
@@ -40,10 +40,18 @@ NO_RULE = ClassRule()
 INF = math.inf
 
 
-def plan(snapshot: Snapshot, *, policies: bool = True) -> Plan:
+def prepare(snapshot: Snapshot) -> Fabric:
+    """The snapshot's hardware, numbered and indexed once, for `plan(..., fabric=)` over many
+    snapshots that share the same gpus, hosts, leaves and pods sequences (only running, queue,
+    quotas and now change), as a trace replay does. Raises SnapshotError like plan."""
+    return Fabric(snapshot)
+
+
+def plan(snapshot: Snapshot, *, policies: bool = True, fabric: Fabric | None = None) -> Plan:
     """Decide every queued job, then (policies) propose preemptions, remote sites and moves.
-    Raises SnapshotError if the snapshot contradicts itself."""
-    cycle = _Cycle(snapshot)
+    `fabric`: from prepare() on a snapshot with the same hardware sequences (else SnapshotError);
+    None builds it from this snapshot. Raises SnapshotError if the snapshot contradicts itself."""
+    cycle = _Cycle(snapshot, fabric)
     result = cycle.run()
     if policies:
         from .policies import apply  # policies build on this module
@@ -53,18 +61,35 @@ def plan(snapshot: Snapshot, *, policies: bool = True) -> Plan:
 
 
 def queue_order(snapshot: Snapshot) -> list[Job]:
+    """Priority, fair share, then age (Snapshot.order "age") or, under "short_first", the
+    jobs waiting `order_max_wait_s` or more by age, then the rest by estimated GPU-seconds.
+    Raises SnapshotError for an unknown order."""
     quotas = snapshot.quotas
     # Classes that take what is left (rendering by default) come after every other job.
     last = {c for c, r in snapshot.class_rules.items() if r.leftovers_only}
+    if snapshot.order not in ORDERS:
+        raise SnapshotError(f"unknown queue order {snapshot.order!r}: expected one of {', '.join(ORDERS)}")
 
     def fair_share(job):
         q = quotas.get((job.tenant, job.pool), NO_QUOTA)
         return q.usage / q.guaranteed if q.guaranteed > 0 else INF
 
+    if snapshot.order == SHORT_FIRST:
+        waited_enough = snapshot.now - snapshot.order_max_wait_s
+
+        def within(j):  # small, short jobs first: the least queueing in total (SJF)
+            if j.submit_time <= waited_enough:
+                return (0, j.submit_time, 0.0, j.id)
+            rt = runtime(j)
+            gpus = j.gpus if isinstance(j.gpus, int) and j.gpus > 0 else 1  # a bad count is refused later
+            return (1, INF if rt is None else rt * gpus, j.submit_time, j.id)
+    else:
+        def within(j):
+            return (j.submit_time, j.id)
+
     if last:
-        return sorted(snapshot.queue,
-                      key=lambda j: (j.task_class in last, -j.priority, fair_share(j), j.submit_time, j.id))
-    return sorted(snapshot.queue, key=lambda j: (-j.priority, fair_share(j), j.submit_time, j.id))
+        return sorted(snapshot.queue, key=lambda j: (j.task_class in last, -j.priority, fair_share(j), within(j)))
+    return sorted(snapshot.queue, key=lambda j: (-j.priority, fair_share(j), within(j)))
 
 
 def runtime(job: Job) -> float | None:
@@ -92,42 +117,53 @@ class _Class:
     """Everything about one set of eligible GPUs (pool, site, GPU kinds)."""
 
     def __init__(self, fab: Fabric, pool, site, kinds, free: set, initial_free: set):
-        self.elig = fab.eligible(pool, site, kinds, healthy_only=True)
-        elig_any = fab.eligible(pool, site, kinds, healthy_only=False)
-        self.host_max = max((len(ids) for ids in elig_any.values()), default=0)
-        self.ever = Capacity(fab, elig_any, None, ignore_health=True)  # every matching GPU, all free
-        self.healthy = Capacity(fab, self.elig, None)  # healthy ones, all free
-        self.initial = Capacity(fab, self.elig, initial_free)  # as the cycle found them
-        self.idx = FreeIndex(fab, self.elig, free)
+        static = fab.class_cache.get((pool, site, kinds))
+        if static is None:  # the same for every cycle on this fabric
+            elig = fab.eligible(pool, site, kinds, healthy_only=True)
+            elig_any = fab.eligible(pool, site, kinds, healthy_only=False)
+            static = fab.class_cache[(pool, site, kinds)] = (
+                elig, max((len(ids) for ids in elig_any.values()), default=0),
+                Capacity(fab, elig_any, None, ignore_health=True),  # every matching GPU, all free
+                Capacity(fab, elig, None),  # healthy ones, all free
+                frozenset(i for ids in elig.values() for i in ids))
+        self.elig, self.host_max, self.ever, self.healthy, members = static
+        self.idx = FreeIndex(fab, self.elig, free, members)
+        # As the cycle found them (free only shrinks, so equal sizes mean the same set).
+        self.initial = (Capacity.of(self.idx) if len(free) == len(initial_free)
+                        else Capacity(fab, self.elig, initial_free))
         self.failed: dict = {}  # (mode, with_held) -> smallest N that failed
 
 
 class _Cycle:
-    def __init__(self, snap: Snapshot):
+    def __init__(self, snap: Snapshot, fabric: Fabric | None = None):
         self.snap = snap
         self.now = snap.now
-        self.fab = fab = Fabric(snap)
+        if fabric is not None and not fabric.matches(snap):
+            raise SnapshotError("the prepared fabric was built from other GPUs, hosts, leaves or pods than this "
+                                "snapshot's; prepare it from the same sequences (engine.prepare)")
+        self.fab = fab = fabric if fabric is not None else Fabric(snap)
         busy: dict = {}
         self.releases: list[tuple[float, tuple]] = []
         self.used: dict = {}
+        known = fab.gpu.__contains__
         for r in snap.running:
-            for i in r.gpu_ids:
-                if i not in fab.gpu:
-                    raise SnapshotError(f"running job {r.job_id!r} holds unknown GPU {i!r}")
-                if i in busy:
-                    raise SnapshotError(f"GPU {i!r} is held by both job {busy[i]!r} and job {r.job_id!r}")
-                busy[i] = r.job_id
+            ids = r.gpu_ids
+            before = len(busy)
+            busy.update(dict.fromkeys(ids, r.job_id))  # fast path; errors are found again below
+            if len(busy) != before + len(ids) or not all(map(known, ids)):
+                self._bad_running(snap)
             key = (r.tenant, r.pool)
             self.used[key] = self.used.get(key, 0) + len(r.gpu_ids)
             if r.expected_end is not None:
                 self.releases.append((max(r.expected_end, self.now), tuple(r.gpu_ids)))
-        # Usable now: free, healthy, on a healthy host.
-        self.free = {g.id for g in snap.gpus
-                     if g.free and g.healthy and g.id not in busy and fab.host_healthy[fab.gpu_host[g.id]]}
+        # Usable now: free, healthy, on a healthy host, and held by no running job.
+        self.free = set(fab.usable)
+        self.free.difference_update(busy)
         self.initial_free = frozenset(self.free)
         self.pool_free: dict = {}
+        host_pool, gpu_host = fab.host_pool, fab.gpu_host
         for i in self.free:
-            p = fab.host_pool[fab.gpu_host[i]]
+            p = host_pool[gpu_host[i]]
             self.pool_free[p] = self.pool_free.get(p, 0) + 1
         self.quotas = snap.quotas
         # Borrowing only means something where someone has a guarantee to reclaim for.
@@ -145,6 +181,17 @@ class _Cycle:
         self.reservation: Reservation | None = None
         self.reservation_tried = False
         self.held: set = set()  # free GPUs of the reservation, kept out of the indexes
+
+    def _bad_running(self, snap: Snapshot) -> None:
+        """Raise SnapshotError naming the first unknown or doubly held GPU of the running jobs."""
+        busy: dict = {}
+        for r in snap.running:
+            for i in r.gpu_ids:
+                if i not in self.fab.gpu:
+                    raise SnapshotError(f"running job {r.job_id!r} holds unknown GPU {i!r}")
+                if i in busy:
+                    raise SnapshotError(f"GPU {i!r} is held by both job {busy[i]!r} and job {r.job_id!r}")
+                busy[i] = r.job_id
 
     # -- bookkeeping -----------------------------------------------------------------------
     def quota(self, tenant, pool) -> Quota:

@@ -10,6 +10,8 @@ Policies (every one sees the same jobs, cluster and cycle times):
   fabricpool  the real engine (scheduler.engine.plan) on an engine Snapshot of the cluster:
               priority/age order, topology-aware best fit, backfill behind a reservation.
               Estimated run time = the trace duration (as a user's exact walltime).
+  fabricpool_short_first  the same engine with Snapshot.order "short_first": least
+              estimated GPU-seconds first, jobs that waited 4 h (order_max_wait_s) by age.
   fifo        strict submission order, first fit (lowest-numbered host with room; jobs
               larger than a host take the first wholly free hosts); the head blocks the rest.
   backfill    Slurm-like EASY backfill with first fit: the head job that cannot start gets a
@@ -33,13 +35,14 @@ import math
 import time
 from dataclasses import dataclass, field
 
-from scheduler.engine import Gpu, Host, Job, Leaf, Pod, Running, Snapshot, plan
+from scheduler.engine import Gpu, Host, Job, Leaf, Pod, Running, Snapshot, plan, prepare
 from scheduler.engine import sharing
 
 from .traces import Node, TraceJob
 from .traces import Pod as TracePod
 
-POLICIES = ("fabricpool", "fifo", "backfill")
+POLICIES = ("fabricpool", "fabricpool_short_first", "fifo", "backfill")
+ENGINE_ORDER = {"fabricpool": "age", "fabricpool_short_first": "short_first"}  # Snapshot.order
 OPENB_POLICIES = ("fabricpool", "bestfit")
 SIZE_BUCKETS = ((1, 1, "1"), (2, 4, "2-4"), (5, 8, "5-8"), (9, 32, "9-32"), (33, 10**9, "33+"))
 GPU_MODEL = "NVIDIA H100 80GB HBM3"
@@ -199,8 +202,9 @@ class _Baseline:
 class _Engine:
     """The real engine, fed an engine Snapshot of the simulated cluster each cycle."""
 
-    def __init__(self, cluster: Cluster):
+    def __init__(self, cluster: Cluster, order: str = "age"):
         self.c = cluster
+        self.order = order
         g = cluster.gpus_per_host
         self.gpus = [Gpu(id=h * g + i, host=h, index=i, model=GPU_MODEL, memory_mib=81559, fp64="high")
                      for h in range(cluster.hosts) for i in range(g)]
@@ -208,6 +212,8 @@ class _Engine:
                       for h, name in enumerate(cluster.host_names)]
         self.leaves = [Leaf(id=l, name=name, pod=cluster.leaf_pod[l]) for l, name in enumerate(cluster.leaf_names)]
         self.pods = [Pod(id=p, name=f"pod{p + 1}") for p in sorted(set(cluster.leaf_pod))]
+        # The hardware never changes in a replay: number and index it once, not every cycle.
+        self.fabric = prepare(Snapshot(gpus=self.gpus, hosts=self.hosts, leaves=self.leaves, pods=self.pods))
         self.jobs: dict = {}
         self.preemptions = 0
 
@@ -224,7 +230,7 @@ class _Engine:
         run = [Running(job_id=jid, gpu_ids=tuple(gpus), tenant="replay", pool="replay", expected_end=end)
                for jid, (end, gpus) in running.items()]
         result = plan(Snapshot(gpus=self.gpus, hosts=self.hosts, leaves=self.leaves, pods=self.pods, running=run,
-                               queue=engine_queue, now=now))
+                               queue=engine_queue, now=now, order=self.order), fabric=self.fabric)
         # Preemption and remote-site proposals need victims stopped or an operator: not started
         # here, only counted (with no quotas or preemptible jobs in a trace there are none).
         self.preemptions += sum(1 for d in result.decisions if d.placed and d.kind != "place")
@@ -269,7 +275,8 @@ def replay(cluster: Cluster, jobs: list[TraceJob], policy: str, cycle_s: float =
         raise ReplayError(f"job {too_big[0].id} asks for {too_big[0].gpus} GPUs; the cluster has {cluster.gpus}")
     if speed != 1:
         jobs = [TraceJob(j.id, j.submit / speed, j.duration, j.gpus, j.milli, j.qos) for j in jobs]
-    impl = _Engine(cluster) if policy == "fabricpool" else _Baseline(cluster, backfill=policy == "backfill")
+    impl = (_Engine(cluster, ENGINE_ORDER[policy]) if policy in ENGINE_ORDER
+            else _Baseline(cluster, backfill=policy == "backfill"))
     state = _State(cluster)
     gph = cluster.gpus_per_host
     leaf_gpus = max(cluster.leaf_gpus)

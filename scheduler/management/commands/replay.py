@@ -64,8 +64,8 @@ class Command(BaseCommand):
         parser.add_argument("--fabric", required=True,
                             help="fabric name in the database, or fattree:LEAVESxHOSTS_PER_LEAFxGPUS_PER_HOST")
         parser.add_argument("--policy", action="append", choices=sim.POLICIES + ("bestfit",),
-                            help="repeat for several (default: fabricpool, fifo and backfill; openb: fabricpool "
-                                 "and bestfit)")
+                            help="repeat for several (default: fabricpool, fabricpool_short_first, fifo and "
+                                 "backfill; openb: fabricpool and bestfit)")
         parser.add_argument("--speed", type=float, default=1.0,
                             help="divide submission times by N: N times the offered load (default 1)")
         parser.add_argument("--cycle", type=float, default=10.0, help="cycle interval, simulated seconds (10)")

@@ -168,3 +168,12 @@ def test_command_replays_on_a_fabric_from_the_database(tmp_path):
     assert data["gpus"] == 16 and "2 leaves" in data["fabric"]
     p = data["policies"]["fabricpool"]
     assert p["jobs_started"] == 2 and p["mean_leaves_multi_leaf"] == 1.0  # 8 GPUs: both hosts of the other leaf
+
+
+def test_short_first_starts_the_short_job_of_one_cycle_first_and_queues_less():
+    jobs = [TraceJob("big-running", 0, 1000, 8), TraceJob("long", 1, 100, 8), TraceJob("short", 2, 10, 8)]
+    age = sim.replay(small(), jobs, "fabricpool", cycle_s=10)
+    short = sim.replay(small(), jobs, "fabricpool_short_first", cycle_s=10)
+    assert starts(age) == {"big-running": 0, "long": 10, "short": 110}
+    assert starts(short) == {"big-running": 0, "short": 10, "long": 20}
+    assert sim.summary(short, small())["avg_queue_s"] < sim.summary(age, small())["avg_queue_s"]
