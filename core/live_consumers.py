@@ -39,6 +39,10 @@ def flush_interval() -> float:
     return float(getattr(settings, "LIVE_FLUSH_INTERVAL_S", 0.25))
 
 
+def member_check_interval() -> float:
+    return float(getattr(settings, "LIVE_MEMBER_CHECK_S", 5.0))
+
+
 def dumps(data) -> str:
     # No spaces after , and : (the same JSON): the pool view's deltas are 13 % smaller and
     # its snapshot 15 %.
@@ -49,11 +53,14 @@ class Frame:
     """One window of a group's deltas, merged and encoded once for every local client; or a
     resync (changes None: something was lost, every client needs a fresh snapshot)."""
 
-    __slots__ = ("since", "seq", "resync", "body", "_text")
+    __slots__ = ("since", "seq", "resync", "restart", "body", "_text")
 
-    def __init__(self, since: int, seq: int, changes: dict | None):
+    def __init__(self, since: int, seq: int, changes: dict | None, restart: bool = False):
         self.since, self.seq = since, seq
         self.resync = changes is None
+        # The sequence numbers started again (Redis restarted, forgetting its counters): seq
+        # is not comparable with what clients hold, every client needs a fresh snapshot.
+        self.restart = restart
         self.body = None if changes is None else dumps(changes)
         self._text = None
 
@@ -81,6 +88,14 @@ class GroupHub:
     and sends at most one frame per window (LIVE_FLUSH_INTERVAL_S). Frames are contiguous:
     each one's `since` is the previous one's `seq`, starting at the group's seq when the
     hub joined, so a client that reads the seq for its snapshot after joining misses none.
+
+    Redis restarting (nothing persisted) forgets the group's members and its sequence
+    counter: the hub would never get a delta again, and later ones would look already seen.
+    So a failing receive makes the hub join its group again once Redis answers, and that, or
+    a sequence number going backwards, sends its clients a fresh snapshot (a restart frame).
+    Redis can also lose the membership without a failing receive (FLUSHDB, the group's
+    expiry, a restart between two receives): every LIVE_MEMBER_CHECK_S the hub checks it is
+    still a member (one Redis call) and rejoins the same way when not.
     """
 
     _hubs: dict = {}  # (event loop, channel layer, group) -> hub
@@ -91,9 +106,9 @@ class GroupHub:
         self.channel = None
         self.changes: dict = {}
         self.received = self.sent = 0
-        self.gap = False
+        self.gap = self.restart = False
         self.last_flush = 0.0
-        self.task = self.flush_task = None
+        self.task = self.flush_task = self.watch_task = None
         self.delivering = asyncio.Lock()  # frames reach each client in order
         self.snapshots: dict = {}  # consumer class -> the task building its snapshot
         self.starting = asyncio.ensure_future(self._start())
@@ -118,7 +133,7 @@ class GroupHub:
             return
         if self._hubs.get(self.key) is self:
             del self._hubs[self.key]
-        for task in (self.task, self.flush_task):
+        for task in (self.task, self.flush_task, self.watch_task):
             if task is not None:
                 task.cancel()
         try:
@@ -143,24 +158,64 @@ class GroupHub:
         # Read after joining: whatever was published before is in every snapshot read later.
         self.received = self.sent = await sync_to_async(live.current_seq)(self.group)
         self.task = asyncio.ensure_future(self._receive())
+        if hasattr(self.layer, "_group_key") and hasattr(self.layer, "consistent_hash"):  # channels_redis
+            self.watch_task = asyncio.ensure_future(self._watch())
+
+    async def _watch(self):
+        while True:
+            await asyncio.sleep(member_check_interval())
+            try:
+                connection = self.layer.connection(self.layer.consistent_hash(self.group))
+                member = await connection.zscore(self.layer._group_key(self.group), self.channel)
+            except Exception:  # noqa: BLE001 - Redis away: the receive loop sees it too
+                continue
+            if member is None:
+                log.warning("live: %s forgot this server's membership; joining again", self.group)
+                await self._rejoin()
 
     async def _receive(self):
         while True:
             try:
                 event = await self.layer.receive(self.channel)
-            except Exception as exc:  # noqa: BLE001 - Redis away: retry; clients resync after
+            except Exception as exc:  # noqa: BLE001 - Redis away: join again once it is back
                 log.warning("live: receiving %s: %s", self.group, exc)
-                self.gap = True
-                self._schedule()
-                await asyncio.sleep(1.0)
+                await self._rejoin()
                 continue
-            if event.get("type") == "live.delta":
-                self.add(event)
+            if event.get("type") != "live.delta":
+                continue
+            if event["seq"] <= self.received and await self._counter_went_back():
+                await self._rejoin()
+                continue
+            self.add(event)
+
+    async def _counter_went_back(self) -> bool:
+        """A seq already seen: published just before the hub joined (harmless), or the
+        counter started again (Redis restarted between two receives)."""
+        try:
+            return await sync_to_async(live.current_seq)(self.group) < self.received
+        except Exception:  # noqa: BLE001 - Redis away again: the next receive fails and rejoins
+            return False
+
+    async def _rejoin(self):
+        """Join the group again once Redis answers (a restarted Redis has forgotten the
+        members; joining twice is harmless) and restart the chain from the group's current
+        seq: every client gets a fresh snapshot."""
+        while True:
+            try:
+                await self.layer.group_add(self.group, self.channel)
+                seq = await sync_to_async(live.current_seq)(self.group)
+                break
+            except Exception as exc:  # noqa: BLE001 - still away
+                log.warning("live: joining %s again: %s", self.group, exc)
+                await asyncio.sleep(1.0)
+        self.changes, self.gap, self.restart = {}, True, True
+        self.received = seq
+        self._schedule()
 
     def add(self, event: dict) -> None:
         seq = event["seq"]
         if seq <= self.received:
-            return  # published before the hub joined: in every snapshot already
+            return  # published before the hub joined (or rejoined): in every snapshot already
         if seq != self.received + 1:
             self.gap = True  # lost on the way (or out of order): resync at the flush
         self.received = seq
@@ -179,8 +234,8 @@ class GroupHub:
         await asyncio.sleep(wait)
         self.flush_task = None
         self.last_flush = time.monotonic()
-        frame = Frame(self.sent, self.received, None if self.gap else self.changes)
-        self.changes, self.gap, self.sent = {}, False, self.received
+        frame = Frame(self.sent, self.received, None if self.gap else self.changes, self.restart)
+        self.changes, self.gap, self.restart, self.sent = {}, False, False, self.received
         async with self.delivering:
             for consumer in list(self.consumers):
                 try:
@@ -215,6 +270,16 @@ class LiveConsumer(AuthenticatedConsumer):
 
     async def find_target(self) -> bool:
         return True
+
+    async def __call__(self, scope, receive, send):
+        # The consumer's own channel-layer receive failing (Redis away) ends it without a
+        # disconnect(): leave the hub anyway, or it would keep sending to a dead client.
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            hub, self.hub = getattr(self, "hub", None), None
+            if hub is not None:
+                await hub.leave(self)
 
     async def disconnect(self, code):
         if getattr(self, "snapshot_task", None):
@@ -258,7 +323,7 @@ class LiveConsumer(AuthenticatedConsumer):
         if self.held is not None:
             self.held.append(frame)
             return
-        if frame.seq <= self.seq:
+        if frame.seq <= self.seq and not frame.restart:
             return  # already in the snapshot
         if frame.resync or frame.since > self.seq:
             # Built in a task of its own: the hub goes on serving the other clients meanwhile.

@@ -152,13 +152,18 @@ def queue() -> dict:
 
 # --- pool: hosts x GPUs --------------------------------------------------------------------
 
-def gpu_values(host_ids=None) -> dict[str, list]:
-    """{gpu id: [utilization %, memory used MiB, temperature °C]} of present GPUs."""
+def gpu_values(host_ids=None, host_of: dict | None = None) -> dict[str, list]:
+    """{gpu id: [utilization %, memory used MiB, temperature °C]} of present GPUs; fills
+    `host_of` {gpu id: host id} from the same query when given."""
     rows = Gpu.objects.filter(present=True)
     if host_ids is not None:
         rows = rows.filter(host_id__in=host_ids)
-    return {str(pk): [_num(u), m, _num(t)]
-            for pk, u, m, t in rows.values_list("id", "utilization", "memory_used_mib", "temperature_c")}
+    values = {}
+    for pk, host_id, u, m, t in rows.values_list("id", "host_id", "utilization", "memory_used_mib", "temperature_c"):
+        values[str(pk)] = [_num(u), m, _num(t)]
+        if host_of is not None:
+            host_of[str(pk)] = host_id
+    return values
 
 
 def allocations(gpu_ids=None) -> dict[str, int]:
