@@ -10,9 +10,17 @@ from bench.stack import Stack, StackUnavailable, dump
 def stack(tmp_path, request):
     try:
         s = Stack(tmp_path / "stack", log=print)
-        s.setup()
     except StackUnavailable as exc:
         pytest.skip(str(exc))
+    try:
+        s.setup()
+    except StackUnavailable as exc:
+        s.close()
+        pytest.skip(str(exc))
+    except BaseException:
+        print(dump(s) if s.procs else "stack set-up failed")
+        s.close()  # no redis-server or database left behind
+        raise
     yield s
     failed = getattr(request.node, "rep_call", None)
     if failed is not None and failed.failed:
