@@ -250,10 +250,12 @@ def pool_gpu_choices(placement: Placement) -> list[dict]:
 # --- history -----------------------------------------------------------------------------
 
 
-def job_list(*, tenant: str = "", pool: str = "", state: str = "", name: str = ""):
+def job_list(*, tenant: str = "", pool: str = "", state: str = "", name: str = "", reason: str = ""):
     jobs = Job.objects.filter(_job_filter("", tenant=tenant, pool=pool))
     if state:
         jobs = jobs.filter(state=state)
+    if reason:
+        jobs = jobs.filter(pending_reason=reason)
     if name:
         jobs = jobs.filter(name__icontains=name)
     return jobs.order_by("-created_at", "-id").values(*JOB_LIST_FIELDS)

@@ -10,6 +10,7 @@ breaks a rule) comes back as its message, never a 500."""
 from __future__ import annotations
 
 import json
+import re
 
 from django.contrib import messages
 from django.core.exceptions import PermissionDenied, ValidationError
@@ -335,12 +336,16 @@ def override_confirm(request, placement_id):
 def job_list(request):
     filters, error = _filters(request, states=Job.State.values)
     filters["name"] = request.GET.get("name", "").strip()
+    # Why pending jobs wait (the overview links each reason here): a reason code, as stored.
+    filters["reason"] = request.GET.get("reason", "").strip()
+    if filters["reason"] and not re.fullmatch(r"[a-z_]{1,40}", filters["reason"]):
+        error = error or f"reason {filters['reason'][:60]!r} is not a reason code (lower-case letters and '_')"
     context = {"filters": filters, "can_submit": request.user.has_perm(SUBMIT_PERMISSION)}
     if error:
         context["error"] = error
         return render(request, "scheduler/jobs.html", context, status=400)
     jobs = _pager(request, selectors.job_list(tenant=filters["tenant"], pool=filters["pool"], state=filters["state"],
-                                              name=filters["name"]))
+                                              name=filters["name"], reason=filters["reason"]))
     context["jobs"] = {**jobs, "rows": selectors.job_rows(jobs["page"])}
     return render(request, "scheduler/jobs.html", context)
 

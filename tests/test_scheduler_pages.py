@@ -463,6 +463,13 @@ def test_job_history_filters_and_400(scene):
     assert response.status_code == 400 and "Unknown state &#x27;done&#x27;" in text(response)
     response = client.get("/scheduler/jobs/?pool=nope")
     assert response.status_code == 400 and "Unknown pool" in text(response)
+    # The overview links each waiting reason to the jobs waiting for it.
+    Job.objects.filter(pk=scene.huge.pk).update(state=Job.State.PENDING, pending_reason="resources")
+    rows = table_rows(text(client.get("/scheduler/jobs/?state=pending&reason=resources")))
+    assert [r[1] for r in rows] == ["huge"]
+    assert table_rows(text(client.get("/scheduler/jobs/?state=pending&reason=quota"))) == []
+    response = client.get("/scheduler/jobs/?reason=%3Cscript%3E")
+    assert response.status_code == 400 and "is not a reason code" in text(response)
 
 
 def test_cycle_pages_show_phases_counts_and_reasons(scene):

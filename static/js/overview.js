@@ -78,7 +78,7 @@
     items.forEach(function (item) {
       var li = document.createElement("li");
       var label = config.reasons[item[0]] || item[0];
-      li.appendChild(link(config.jobs_url + "?state=pending", item[1], item[1] + " jobs waiting: " + label));
+      li.appendChild(link(config.jobs_url + "?state=pending&reason=" + encodeURIComponent(item[0]), item[1], item[1] + " jobs waiting: " + label));
       li.appendChild(document.createTextNode(" " + label));
       list.appendChild(li);
     });
