@@ -47,6 +47,7 @@ from fabric.models import InterSiteLink, Link, Switch
 from pool.models import Gpu, GpuRollup, Host, Resolution
 
 from . import engine
+from .engine.sharing import quota_share
 from .dispatch import DISPATCH_FAILED
 from .models import Job, Placement, PlacementGpu, PoolPolicy, TaskClassRule, Tenant, TenantQuota
 
@@ -76,7 +77,8 @@ class Taken:
     pool_ids: dict[str, int] = field(default_factory=dict)
     gpus_total: int = 0
     gpus_free: int = 0
-    running_gpus_by_tenant: dict[int, int] = field(default_factory=dict)  # GPUs in running placements
+    # GPUs in running placements; a fractional one counts as its share (float)
+    running_gpus_by_tenant: dict[int, float] = field(default_factory=dict)
     queries: int = 0
 
 
@@ -136,14 +138,14 @@ def take(now: datetime | None = None, *, with_queue: bool = True) -> Taken:
     held_hosts = {hid for _, _, hid in held}
     # sharing: GPUs partly held by fractional placements (share < 1000): share, memory, MIG slices.
     shared_use: dict[int, list[int]] = {}
-    shared_placements = set()
+    shared_placements: dict = {}  # placement id -> its share of a GPU, for quotas
     for pid, gid, milli, mem, mig in PlacementGpu.objects.filter(active=True, share_milli__lt=1000).order_by(
             ).values_list("placement_id", "gpu_id", "share_milli", "memory_mib", "mig_device"):
         use = shared_use.setdefault(gid, [0, 0, 0])
         use[0] += milli
         use[1] += mem
         use[2] += int(mig.split("g.", 1)[0]) if mig[:1].isdigit() else 0
-        shared_placements.add(pid)
+        shared_placements[pid] = quota_share(milli, mig.split("@", 1)[0] if mig[:1].isdigit() else "")
     queries += 1
     # sharing: end
 
@@ -205,7 +207,15 @@ def take(now: datetime | None = None, *, with_queue: bool = True) -> Taken:
          task_class, restart, gains) in placements:
         ids = tuple(gpus_of.get(pid, ()))
         if pid in shared_placements:
-            continue  # sharing: fractional, not whole GPUs; its Gpu carries its share (above)
+            # sharing: fractional, not whole GPUs (its Gpu carries its share, above); it holds no
+            # GPU of its own but counts its share against its tenant's quota and usage.
+            share = shared_placements[pid]
+            running.append(engine.Running(job_id=job_id, gpu_ids=(), tenant=tenant_name.get(tenant_id),
+                                          pool=pool_name_of.get(pool_id), priority=priority, borrowed=borrowed,
+                                          task_class=task_class, placement=pid, share=share))
+            if state == Placement.State.RUNNING:
+                running_by_tenant[tenant_id] = running_by_tenant.get(tenant_id, 0) + float(share)
+            continue
         if not ids and kind == Placement.Kind.PREEMPTION:
             # Waiting for its victims: it holds what they have already freed.
             ids = tuple(g for g in (gains or {}).get("gpu_ids", ()) if g not in held_gpus and g in known_gpus)

@@ -93,6 +93,15 @@ class Running:
     task_class: str = "training"
     restartable: bool = False  # may be stopped and restarted elsewhere (rebalancing)
     placement: Hashable = None  # the caller's placement id (the cycle's Placement pk)
+    # sharing: a fractional job's share of one GPU (a Fraction, e.g. 3/10 or 3/7 for MIG 3g),
+    # counted against its tenant's quota instead of len(gpu_ids); its gpu_ids are then empty
+    # (the GPU's Gpu.used_milli carries the share for packing).
+    share: object = 0
+
+    @property
+    def quota_gpus(self):
+        """What it counts against its tenant's quota: its share, else its whole GPUs."""
+        return self.share if self.share else len(self.gpu_ids)
 
 
 @dataclass(frozen=True, slots=True)

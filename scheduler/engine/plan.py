@@ -92,6 +92,11 @@ def queue_order(snapshot: Snapshot) -> list[Job]:
     return sorted(snapshot.queue, key=lambda j: (-j.priority, fair_share(j), within(j)))
 
 
+def gpus_text(x) -> str:
+    """A GPU count for people: whole counts as before, shares (Fractions) to 3 digits."""
+    return str(int(x)) if x == int(x) else f"{float(x):.3g}"
+
+
 def runtime(job: Job) -> float | None:
     return job.estimated_runtime if job.estimated_runtime is not None else job.max_runtime
 
@@ -153,7 +158,7 @@ class _Cycle:
             if len(busy) != before + len(ids) or not all(map(known, ids)):
                 self._bad_running(snap)
             key = (r.tenant, r.pool)
-            self.used[key] = self.used.get(key, 0) + len(r.gpu_ids)
+            self.used[key] = self.used.get(key, 0) + r.quota_gpus  # sharing: a share counts as its fraction
             if r.expected_end is not None:
                 self.releases.append((max(r.expected_end, self.now), tuple(r.gpu_ids)))
         # Usable now: free, healthy, on a healthy host, and held by no running job.
@@ -302,24 +307,24 @@ class _Cycle:
         used = self.used.get(tenant_key, 0)
         want = n
         if q.limit is not None and used + n > q.limit:
-            room = q.limit - used
+            room = math.floor(q.limit - used)  # shares in use make `used` fractional
             if job.gang or room < 1:
                 self._drop_demand(job)
-                return pending(QUOTA, f"Tenant {job.tenant} would use {used + n} GPUs in pool {job.pool}, over its "
-                                      f"limit of {q.limit} ({used} in use).")
+                return pending(QUOTA, f"Tenant {job.tenant} would use {gpus_text(used + n)} GPUs in pool {job.pool}, "
+                                      f"over its limit of {q.limit} ({gpus_text(used)} in use).")
             want = room
         borrowed = self._borrowed(job, used, want)
         if borrowed:
             others_need = self.pool_reserve.get(job.pool, 0) - self.reserve.get(tenant_key, 0)
-            idle = self.pool_free.get(job.pool, 0) - others_need
+            idle = math.floor(self.pool_free.get(job.pool, 0) - others_need)
             if want > idle:
-                own = max(0, q.guaranteed - used)
+                own = math.floor(max(0, q.guaranteed - used))
                 if not job.gang and max(idle, own) >= 1:
                     want = max(idle, own)
                 else:
-                    return pending(QUOTA, f"It would borrow {borrowed} GPUs beyond tenant {job.tenant}'s guarantee "
-                                          f"of {q.guaranteed} in pool {job.pool}, but only {max(idle, 0)} free GPUs "
-                                          "are not needed by other tenants' guarantees.")
+                    return pending(QUOTA, f"It would borrow {gpus_text(borrowed)} GPUs beyond tenant {job.tenant}'s "
+                                          f"guarantee of {q.guaranteed} in pool {job.pool}, but only {max(idle, 0)} "
+                                          "free GPUs are not needed by other tenants' guarantees.")
 
         limit = self._active_limit(job)
         latency = job.task_class in self.latency_classes
@@ -441,7 +446,7 @@ class _Cycle:
         key = (job.tenant, job.pool)
         q = self.quota(job.tenant, job.pool)
         used = self.used.get(key, 0)
-        borrowed = self._borrowed(job, used, len(gpus))
+        borrowed = math.ceil(self._borrowed(job, used, len(gpus)))  # whole GPUs, even beside shares
         self.used[key] = used + len(gpus)
         self._drop_demand(job)
         rt = runtime(job)

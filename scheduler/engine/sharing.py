@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 import re
+from fractions import Fraction
 from dataclasses import dataclass, field
 from typing import Hashable, Iterable, Sequence
 
@@ -227,6 +228,14 @@ def pack(gpus: Sequence[SharedGpu], requests: Iterable[Request],
                    whole_free=sum(1 for g in gpus if not g.whole and not g.shared))
 
 
+def quota_share(milli: int, mig_profile: str = "") -> Fraction:
+    """What a share counts against a tenant's GPU quota: milli/1000 (a memory-only request's
+    milli is already its memory over the GPU's, rounded up), or for MIG slices/7."""
+    if mig_profile:
+        return Fraction(parse_mig(mig_profile)[0], MIG_SLICES)
+    return Fraction(milli, MILLI)
+
+
 def _why_not(gpus: Sequence[SharedGpu], req: Request) -> str:
     if not any(need(g, req) is not None for g in gpus):
         if req.mig is not None:
@@ -244,8 +253,9 @@ def decide(cycle, rank: int, job):
     """One Decision for a fractional job inside an allocation cycle. Candidates: healthy
     GPUs of its class (pool, site, models) that are wholly free or already shared; a GPU
     it breaks is taken out of the cycle's free set so no whole-GPU job gets it too.
-    Fractional jobs are not counted against GPU quotas (their share is under one GPU)."""
-    from .model import CONSTRAINTS, RESOURCES, Cost, Decision
+    Against its tenant's quota it counts as its share of the GPU (quota_share)."""
+    from .model import CONSTRAINTS, QUOTA, RESOURCES, Cost, Decision
+    from .plan import gpus_text
 
     def pending(reason, message):
         cycle._drop_demand(job)
@@ -284,10 +294,27 @@ def decide(cycle, rank: int, job):
                        "No matching GPU is free or shared with room now.")
     gpu, milli, mem = pick
     fresh = gpu.id not in state
+    # Quota: the share counts against the limit; beyond the guarantee it is borrowed, and a
+    # borrowed share may break a free GPU only if one is left after others' unmet guarantees.
+    key = (job.tenant, job.pool)
+    q = cycle.quota(job.tenant, job.pool)
+    used = cycle.used.get(key, 0)
+    share = quota_share(milli, job.mig_profile)
+    if q.limit is not None and used + share > q.limit:
+        return pending(QUOTA, f"Tenant {job.tenant} would use {gpus_text(used + share)} GPUs in pool {job.pool}, "
+                              f"over its limit of {q.limit} ({gpus_text(used)} in use).")
+    borrowed = cycle._borrowed(job, used, share)
+    if borrowed and fresh:
+        others_need = cycle.pool_reserve.get(job.pool, 0) - cycle.reserve.get(key, 0)
+        if cycle.pool_free.get(job.pool, 0) - others_need < 1:
+            return pending(QUOTA, f"It would borrow {gpus_text(borrowed)} of a GPU beyond tenant {job.tenant}'s "
+                                  f"guarantee of {q.guaranteed} in pool {job.pool}, and no free GPU is left that "
+                                  "other tenants' guarantees do not need.")
     state[gpu.id] = gpu
     if fresh:
         cycle._take([gpu.id])  # broken for whole-GPU jobs from now on
     a = take(gpu, req, milli, mem)
+    cycle.used[key] = used + share
     cycle._drop_demand(job)
     h = fab.gpu_host[gpu.id]
     grp = fab.host_group[h]
@@ -298,4 +325,4 @@ def decide(cycle, rank: int, job):
     cost = Cost(hosts=1, leaves=1, pod_crossings=0, health_penalty=fab.group_pen[grp], fragmentation_left=0)
     return Decision(job_id=job.id, rank=rank, placed=True, message=message, gpu_ids=(gpu.id,),
                     host_ids=(fab.host_ids[h],), leaves=tuple(fab.group_key[grp]), leaves_lower_bound=1, cost=cost,
-                    shares=((gpu.id, a.milli, a.memory_mib, a.mig_device),))
+                    borrowed=bool(borrowed), shares=((gpu.id, a.milli, a.memory_mib, a.mig_device),))

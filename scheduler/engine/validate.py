@@ -4,7 +4,7 @@ from __future__ import annotations
 from .index import Fabric, model_matches
 from .model import Cost, Job, Snapshot
 from .placement import describe
-from .plan import NO_QUOTA
+from .plan import NO_QUOTA, gpus_text
 
 
 def validate_and_cost(job: Job, gpu_ids, snapshot: Snapshot) -> Cost | list[str]:
@@ -41,7 +41,7 @@ def validate_and_cost(job: Job, gpu_ids, snapshot: Snapshot) -> Cost | list[str]
         for i in r.gpu_ids:
             busy[i] = r.job_id
         if (r.tenant, r.pool) == (job.tenant, job.pool):
-            used += len(r.gpu_ids)
+            used += r.quota_gpus  # sharing: a share counts as its fraction
     c = job.constraints
     for i in known:
         g = fab.gpu[i]
@@ -78,8 +78,8 @@ def validate_and_cost(job: Job, gpu_ids, snapshot: Snapshot) -> Cost | list[str]
                             f"{topo.max_leaves}.")
     q = snapshot.quotas.get((job.tenant, job.pool), NO_QUOTA)
     if q.limit is not None and used + count > q.limit:
-        problems.append(f"Tenant {job.tenant} would use {used + count} GPUs in pool {job.pool}, over its limit of "
-                        f"{q.limit}.")
+        problems.append(f"Tenant {job.tenant} would use {gpus_text(used + count)} GPUs in pool {job.pool}, "
+                        f"over its limit of {q.limit}.")
     if problems:
         return problems
     return Cost(hosts=len(info["hosts"]), leaves=len(info["groups"]), pod_crossings=len(info["pods"]) - 1,

@@ -1,12 +1,17 @@
 """Properties of the engine with preemption, task classes, sites and rebalancing in play
 (hypothesis): no GPU is given twice; a preemption takes only free GPUs and its own victims'
 GPUs, victims are preemptible borrowed work of a preemptible class, each given once; remote
-placements keep a gang at one site; quota limits hold; moves target free GPUs nobody got."""
+placements keep a gang at one site; quota limits hold, a fractional job (GPU sharing)
+counting as its share of a GPU; no GPU is over-committed (shares at most 1000/1000, MIG at
+most 7 slices, never a share beside a whole job); moves target free GPUs nobody got."""
 from __future__ import annotations
+
+from fractions import Fraction
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from scheduler.engine.sharing import quota_share
 from scheduler.engine import (PREEMPTION, REMOTE, ClassRule, Constraints, Gpu, Host, Job, Leaf, Pod, Quota, Running,
                               SiteLink, Snapshot, plan)
 
@@ -60,6 +65,24 @@ def snapshots(draw):
     links = {frozenset((a, b)): SiteLink(latency_ms=draw(st.floats(1, 80)), bandwidth_gbps=100,
                                          healthy=draw(st.integers(0, 4)) > 0)
              for a, b in (("x", "y"), ("x", "z"), ("y", "z")) if draw(st.booleans())}
+    # sharing: some GPUs nobody holds whole are already partly shared by running fractional jobs.
+    rest = [i for i in ids if i not in set(taken)]
+    for i in draw(st.lists(st.sampled_from(rest), unique=True, max_size=3)) if rest else []:
+        milli = draw(st.sampled_from((300, 500, 900)))
+        gpus[i] = Gpu(id=i, host=gpus[i].host, index=gpus[i].index, model="H100", memory_mib=80000,
+                      fp64=gpus[i].fp64, free=False, used_milli=milli, used_memory_mib=milli * 40)
+        running.append(Running(job_id=f"s{i}", gpu_ids=(), tenant=draw(st.sampled_from(TENANTS)), pool="p",
+                               share=Fraction(milli, 1000), placement=len(running)))
+    for j in range(len(queue), len(queue) + draw(st.integers(0, 8))):
+        kind = draw(st.sampled_from(("milli", "memory", "mig")))
+        queue.append(Job(id=j, tenant=draw(st.sampled_from(TENANTS)), pool="p", gpus=1,
+                         priority=draw(st.integers(0, 4)), submit_time=draw(st.floats(0, now)),
+                         gpu_milli=draw(st.sampled_from((100, 250, 500, 800))) if kind == "milli" else 0,
+                         gpu_memory_mib=draw(st.sampled_from((10000, 40000))) if kind == "memory" else 0,
+                         mig_profile=draw(st.sampled_from(("1g.10gb", "3g.40gb"))) if kind == "mig" else ""))
+    for t in TENANTS:  # small limits, so shares decide whether a job fits under them
+        if (t, "p") in quotas and draw(st.booleans()):
+            quotas[(t, "p")] = Quota(guaranteed=0, limit=draw(st.integers(0, 3)))
     idle = {g: draw(st.sampled_from((0.0, 7200.0))) for g in taken}
     return Snapshot(gpus=gpus, hosts=hosts, leaves=leaves, pods=[Pod(id=0)], running=running, queue=queue,
                     quotas=quotas, now=now, class_rules=RULES, site_links=links, gpu_idle_s=idle,
@@ -80,12 +103,29 @@ def test_policies_keep_the_invariants(snap):
     given_out, victims_used = set(), set()
     used = {}
     for r in snap.running:
-        used[(r.tenant, r.pool)] = used.get((r.tenant, r.pool), 0) + len(r.gpu_ids)
+        used[(r.tenant, r.pool)] = used.get((r.tenant, r.pool), 0) + (r.share or len(r.gpu_ids))
     placed_for = set()
+    milli = {g.id: g.used_milli for g in snap.gpus if g.used_milli}  # sharing: per GPU
+    slices = {}
     for d in result.placed:
         job = jobs[d.job_id]
+        if d.shares:
+            ((gid, m, _, mig),) = d.shares
+            assert gid in free or gid in milli, "a share on a GPU held whole"
+            assert gid not in given_out, "a share beside a whole job"
+            milli[gid] = milli.get(gid, 0) + m
+            assert milli[gid] <= 1000, f"GPU {gid} over-committed"
+            if mig:
+                slices[gid] = slices.get(gid, 0) + int(mig[0])
+                assert slices[gid] <= 7
+            placed_for.add((job.tenant, job.pool))
+            share = quota_share(m, job.mig_profile)
+            assert 0 < share < 1
+            used[(job.tenant, job.pool)] = used.get((job.tenant, job.pool), 0) + share
+            continue
         ids = set(d.gpu_ids)
         assert len(ids) == len(d.gpu_ids) and not ids & given_out, "a GPU given twice"
+        assert not ids & set(milli), "a whole job on a shared GPU"
         given_out |= ids
         placed_for.add((job.tenant, job.pool))
         used[(job.tenant, job.pool)] = used.get((job.tenant, job.pool), 0) + len(ids)

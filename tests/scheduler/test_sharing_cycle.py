@@ -82,3 +82,27 @@ def test_dispatch_tells_the_agent_the_share(one_gpu, tenant, no_dispatch):
     requests = dispatch.allocation_requests(Job.objects.get(pk=a.pk), placement.pk, dispatch.placement_parts(placement.pk))
     assert [r["gpus"] for r in requests] == [["GPU-0001-0"]]
     assert requests[0]["share"] == {"milli": 250, "memory_mib": 2048}
+
+
+def test_a_share_counts_against_the_tenants_quota(db, tenant, no_dispatch):
+    from fractions import Fraction
+
+    from scheduler.models import TenantQuota
+
+    cluster = build_cluster(fabric="sharequota", leaves=1, hosts_per_leaf=1, gpus=2)
+    TenantQuota.objects.create(tenant=tenant, pool=cluster.pool, limit_gpus=1)
+    first = submit(tenant, gpu_milli=600)
+    assert cycle.run_cycle().ok
+    assert state(first) == Job.State.APPROVED
+    # The snapshot reports the running share as 3/5 of a GPU held by the tenant.
+    taken = snapshot.take()
+    (r,) = [r for r in taken.snapshot.running if r.job_id == first.pk]
+    assert (r.gpu_ids, r.share, r.tenant) == ((), Fraction(3, 5), tenant.name)
+    # 0.6 + 0.5 and 0.6 + 1 are over the limit of 1 GPU, though a whole GPU is free; 0.4 fits.
+    over, whole, fits = submit(tenant, gpu_milli=500), submit(tenant), submit(tenant, gpu_milli=400)
+    assert cycle.run_cycle().ok
+    assert state(over) == state(whole) == Job.State.PENDING
+    over.refresh_from_db()
+    assert over.pending_reason == "quota"
+    assert "would use 1.1 GPUs in pool main, over its limit of 1 (0.6 in use)" in over.pending_message
+    assert state(fits) == Job.State.APPROVED
