@@ -12,14 +12,13 @@ import shutil
 import subprocess
 import sys
 import time
-import urllib.request
 import uuid
 from pathlib import Path
 
 import pytest
 import redis
+from tests.servers import running_daphne
 
-from tests.test_live_flow import _free_port
 
 # Slow: four Django subprocesses and daphne's start take most of its ~90 s.
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
@@ -93,28 +92,10 @@ def server(tmp_path):
     subprocess.run([sys.executable, "manage.py", "migrate", "--noinput", "-v", "0"], cwd=ROOT, env=env,
                    check=True, timeout=300)
     manage(SETUP + POLL.format(util={}))  # the pages start from one round of readings
-    port = _free_port()
-    with open(tmp_path / "daphne.log", "w") as log:
-        daphne = subprocess.Popen([str(Path(sys.executable).with_name("daphne")), "-b", "127.0.0.1", "-p", str(port),
-                                   "config.asgi:application"], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
-    base = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                urllib.request.urlopen(base + "/login/", timeout=2)
-                break
-            except OSError:
-                if daphne.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError("daphne did not start: " + (tmp_path / "daphne.log").read_text()[-2000:])
-                time.sleep(0.2)
-        yield base, manage
+        with running_daphne(tmp_path, env) as base:
+            yield base, manage
     finally:
-        daphne.terminate()
-        try:
-            daphne.wait(10)
-        except subprocess.TimeoutExpired:
-            daphne.kill()
         client = redis.Redis.from_url(redis_url)
         keys = list(client.scan_iter(f"test-pages-{tag}:*"))
         if keys:

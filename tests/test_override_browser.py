@@ -17,11 +17,11 @@ import shutil
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 import redis
+from tests.servers import running_daphne
 
 from tests.test_live_flow import _free_port, _live, _log_in
 
@@ -134,34 +134,13 @@ def stack(tmp_path_factory):
         assert done.returncode == 0, done.stderr[-3000:]
         return done.stdout.strip().splitlines()[-1]
 
-    daphne = None
     try:
         subprocess.run([sys.executable, "manage.py", "migrate", "--noinput", "-v", "0"], cwd=ROOT, env=env,
                        check=True, timeout=300)
         scene = json.loads(manage(SETUP))
-        port = _free_port()
-        with open(tmp_path / "daphne.log", "w") as log:
-            daphne = subprocess.Popen([str(Path(sys.executable).with_name("daphne")), "-b", "127.0.0.1", "-p",
-                                       str(port), "config.asgi:application"], cwd=ROOT, env=env, stdout=log,
-                                      stderr=subprocess.STDOUT)
-        base = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                urllib.request.urlopen(base + "/login/", timeout=2)
-                break
-            except OSError:
-                if daphne.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError("daphne did not start: " + (tmp_path / "daphne.log").read_text()[-2000:])
-                time.sleep(0.2)
-        yield base, manage, redis_server, scene
+        with running_daphne(tmp_path, env) as base:
+            yield base, manage, redis_server, scene
     finally:
-        if daphne is not None:
-            daphne.terminate()
-            try:
-                daphne.wait(10)
-            except subprocess.TimeoutExpired:
-                daphne.kill()
         redis_server.stop()
 
 

@@ -11,13 +11,13 @@ import subprocess
 import sys
 import time
 import urllib.parse
-import urllib.request
 import uuid
 from pathlib import Path
 
 import pytest
 from django.contrib.auth.models import User
 from django.core.management import call_command
+from .servers import running_daphne
 
 from .test_auth import all_paths
 
@@ -157,8 +157,6 @@ def daphne_server(tmp_path):
     if shutil.which("chromium") is None:
         pytest.skip("no chromium on this machine")
     pytest.importorskip("playwright.sync_api")
-    from .test_live_flow import _free_port
-
     tag = uuid.uuid4().hex[:10]
     env = {**os.environ, "DJANGO_SETTINGS_MODULE": "config.settings.test", "FABRICPOOL_VAR_DIR": str(tmp_path),
            "REDIS_URL": os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0"), "LIVE_KEY_PREFIX": f"test-esc-{tag}:",
@@ -170,28 +168,10 @@ def daphne_server(tmp_path):
                            text=True, timeout=300)
     assert setup.returncode == 0, setup.stderr[-3000:]
     ids = [int(v) for v in setup.stdout.split()[-3:]]
-    port = _free_port()
-    with open(tmp_path / "daphne.log", "w") as log:
-        daphne = subprocess.Popen([str(Path(sys.executable).with_name("daphne")), "-b", "127.0.0.1", "-p", str(port),
-                                   "config.asgi:application"], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
-    base = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                urllib.request.urlopen(base + "/login/", timeout=2)  # nosec B310 - the test's own server
-                break
-            except OSError:
-                if daphne.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError("daphne did not start: " + (tmp_path / "daphne.log").read_text()[-2000:])
-                time.sleep(0.2)
-        yield base, ids
+        with running_daphne(tmp_path, env) as base:
+            yield base, ids
     finally:
-        daphne.terminate()
-        try:
-            daphne.wait(10)
-        except subprocess.TimeoutExpired:
-            daphne.kill()
         import redis
 
         client = redis.Redis.from_url(env["REDIS_URL"])
