@@ -200,3 +200,27 @@
     resilient("heartbeat", el.dataset.url, function () {}, function (message) { return message.type === "hello"; });
   }
 })();
+
+// Pages with a #live-banner (queue, heatmap) call this: while the live connection is down the
+// banner says so in plain words, with since when; the live views catch up by themselves when
+// it is back (a fresh snapshot on reconnect).
+function liveBanner() {
+  "use strict";
+  var banner = document.getElementById("live-banner");
+  if (!banner) return;
+  var clock = new Intl.DateTimeFormat(undefined, { hour: "2-digit", minute: "2-digit", second: "2-digit", hour12: false });
+  var since = null;
+  document.addEventListener("fabricpool:live", function (event) {
+    var state = event.detail && event.detail.state;
+    if (state === "down") {
+      if (since === null) since = new Date();
+      banner.textContent = "Live updates interrupted since " + clock.format(since) + ": reconnecting… " +
+        "What you see may be out of date; it catches up by itself when the connection is back.";
+      banner.hidden = false;
+    } else if (state === "live" && since !== null) {
+      since = null;
+      banner.hidden = true;
+    }
+    banner.dataset.state = state || "";
+  });
+}
